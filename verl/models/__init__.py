@@ -1,0 +1,1 @@
+"""Model-specific code: per-model forwards and the patch registry (verl.models.transformers)."""

@@ -1,0 +1,1 @@
+"""Shared utilities (device contract, torch functional, datasets, reward scores, checkpoints, tracking)."""
