@@ -1,0 +1,153 @@
+"""The device contract: one object per accelerator family (DESIGN.md "Devices: one contract").
+
+Everything the framework needs to know about a device lives on a :class:`Platform`: its torch device name and
+``torch.<device>`` module, the collective backend, the visible-devices environment variable, the Ray resource
+name, memory statistics, RNG and synchronisation. ``verl.utils.device`` exposes upstream verl's function names
+as thin adapters onto the selected platform; no other module names a device family.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+import torch
+
+
+class Platform:
+    """Base class of the device contract; subclasses set the class attributes and override the hooks.
+
+    Attributes:
+        device_name: torch device type string (``"cpu" | "cuda" | "npu"``).
+        vendor: upstream verl's vendor name (``"intel" | "nvidia" | "huawei"``), used only for display.
+        comm_backend: ``torch.distributed`` backend for this device (``"gloo" | "nccl" | "hccl"``).
+        visible_devices_envvar: env var that restricts which devices a process sees (None on CPU).
+        ray_resource_name: Ray resource that counts these devices (``"CPU" | "GPU" | "NPU"``).
+        ray_noset_envvars: env vars that stop Ray from rewriting ``visible_devices_envvar`` in workers.
+    """
+
+    device_name: str = ""
+    vendor: str = ""
+    comm_backend: str = ""
+    visible_devices_envvar: str | None = None
+    ray_resource_name: str = ""
+    ray_noset_envvars: tuple[str, ...] = ()
+
+    # ---- availability -------------------------------------------------------------------------------------
+
+    def is_available(self) -> bool:
+        """True when this process can run tensors on this device family."""
+        raise NotImplementedError
+
+    def missing_reason(self) -> str | None:
+        """None when usable; otherwise one paragraph naming what is missing and how to fix it."""
+        return None if self.is_available() else f"no {self.device_name} device is available"
+
+    # ---- the torch module and devices ---------------------------------------------------------------------
+
+    def torch_module(self) -> Any:
+        """The ``torch.<device>`` module (``torch.cuda``, ``torch.npu``) or a module-like stand-in."""
+        raise NotImplementedError
+
+    def device_count(self) -> int:
+        return int(self.torch_module().device_count())
+
+    def current_device_id(self) -> int:
+        return int(self.torch_module().current_device())
+
+    def set_device(self, device_id: int) -> None:
+        self.torch_module().set_device(device_id)
+
+    def device(self, index: int | None = None) -> torch.device:
+        """``torch.device`` of this family; ``index=None`` means the current device."""
+        return torch.device(self.device_name, self.current_device_id() if index is None else index)
+
+    def synchronize(self) -> None:
+        self.torch_module().synchronize()
+
+    def get_device_capability(self, device_id: int = 0) -> tuple[int, int] | None:
+        """(major, minor) compute capability where the family has one, else None."""
+        return None
+
+    # ---- memory -------------------------------------------------------------------------------------------
+
+    def memory_allocated(self) -> int:
+        return int(self.torch_module().memory_allocated())
+
+    def max_memory_allocated(self) -> int:
+        return int(self.torch_module().max_memory_allocated())
+
+    def memory_reserved(self) -> int:
+        return int(self.torch_module().memory_reserved())
+
+    def max_memory_reserved(self) -> int:
+        return int(self.torch_module().max_memory_reserved())
+
+    def reset_peak_memory_stats(self) -> None:
+        self.torch_module().reset_peak_memory_stats()
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free_bytes, total_bytes) of the current device."""
+        free, total = self.torch_module().mem_get_info()
+        return int(free), int(total)
+
+    def empty_cache(self) -> None:
+        self.torch_module().empty_cache()
+
+    def set_expandable_segments(self, enable: bool) -> None:
+        """Turn the caching allocator's expandable segments on or off (no-op where unsupported)."""
+
+    # ---- RNG ----------------------------------------------------------------------------------------------
+
+    def manual_seed(self, seed: int) -> None:
+        self.torch_module().manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        self.torch_module().manual_seed_all(seed)
+
+    def get_rng_state(self) -> torch.Tensor:
+        return self.torch_module().get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.torch_module().set_rng_state(state)
+
+    # ---- processes, Ray and collectives -------------------------------------------------------------------
+
+    def ray_actor_options(self, count: float) -> dict[str, Any]:
+        """Keyword arguments for Ray's ``.options(...)`` asking for ``count`` devices of this family."""
+        return {"resources": {self.ray_resource_name: count}}
+
+    def comm_env_vars(self, connect_timeout_s: int | None = None, exec_timeout_s: int | None = None) -> dict[str, str]:
+        """Environment for worker processes that use the collective backend (timeouts, socket ranges).
+
+        Values the user already exported win; None timeouts mean the platform's default.
+        """
+        return {}
+
+    def rollout_env_vars(self) -> dict[str, str]:
+        """Environment the inference engine needs on this family (e.g. vLLM-Ascend switches)."""
+        return {}
+
+    def visible_device_ids(self) -> list[str] | None:
+        """Ids listed in ``visible_devices_envvar``, or None when it is unset (all devices visible)."""
+        if self.visible_devices_envvar is None:
+            return None
+        value = os.environ.get(self.visible_devices_envvar)
+        if value is None or value.strip() == "":
+            return None
+        return [v.strip() for v in value.split(",") if v.strip()]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device_name={self.device_name!r}, comm_backend={self.comm_backend!r})"
+
+
+def module_like(name: str, base: types.ModuleType, **extra: Any) -> types.ModuleType:
+    """A new module holding the public attributes of ``base`` overlaid with ``extra`` (completes ``torch.cpu``)."""
+    module = types.ModuleType(name, base.__doc__)
+    for key in dir(base):
+        if not key.startswith("__"):
+            setattr(module, key, getattr(base, key))
+    for key, value in extra.items():
+        setattr(module, key, value)
+    return module
