@@ -88,8 +88,13 @@ def test_validate_device_cuda_and_unknown():
     device.validate_device("cpu")
 
 
-@pytest.mark.parametrize("make", [lambda d: OmegaConf.create({"trainer": {"device": d}}),
-                                  lambda d: types.SimpleNamespace(trainer=types.SimpleNamespace(device=d))])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: OmegaConf.create({"trainer": {"device": d}}),
+        lambda d: types.SimpleNamespace(trainer=types.SimpleNamespace(device=d)),
+    ],
+)
 def test_auto_set_device_default_cuda_falls_back_to_cpu(make):
     """upstream's default trainer.device=cuda follows the machine: on a CPU box it becomes cpu, written back."""
     config = make("cuda")

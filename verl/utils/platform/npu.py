@@ -70,8 +70,7 @@ class NpuPlatform(Platform):
         cann_text = f"CANN {cann} detected" if cann is not None else "no CANN toolkit detected"
         if module is None:
             return (
-                f"torch_npu cannot be imported ({type(error).__name__}: {error}); {cann_text}. "
-                f"Fix: {_install_hint()}."
+                f"torch_npu cannot be imported ({type(error).__name__}: {error}); {cann_text}. Fix: {_install_hint()}."
             )
         if not hasattr(torch, "npu"):
             return f"torch_npu {_torch_npu_version(module)} imported but did not register torch.npu; {_install_hint()}"
@@ -101,9 +100,7 @@ class NpuPlatform(Platform):
             return
         setter(f"expandable_segments:{enable}")
 
-    def comm_env_vars(
-        self, connect_timeout_s: int | None = None, exec_timeout_s: int | None = None
-    ) -> dict[str, str]:
+    def comm_env_vars(self, connect_timeout_s: int | None = None, exec_timeout_s: int | None = None) -> dict[str, str]:
         """HCCL settings for worker processes; values already exported by the user are kept.
 
         Args:
