@@ -1,0 +1,152 @@
+"""Entry point: ``python -m verl.trainer.main_ppo [hydra overrides]``.
+
+Everything a user can get wrong in the config is checked here, on the driver, before Ray starts: the device
+(``trainer.device=npu`` without torch_npu/CANN), unknown keys, and the batch-size arithmetic. Then a
+``TaskRunner`` Ray actor builds the tokenizer, datasets, reward functions and the :class:`RayPPOTrainer`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import hydra
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
+
+# Environment every worker process gets (values already set in the driver's environment win).
+_WORKER_ENV = {
+    "TOKENIZERS_PARALLELISM": "true",
+    "NCCL_DEBUG": "WARN",
+    "VLLM_LOGGING_LEVEL": "WARN",
+    "HCCL_HOST_SOCKET_PORT_RANGE": "auto",
+    "HCCL_NPU_SOCKET_PORT_RANGE": "auto",
+}
+
+
+@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    run_ppo(prepare_config(config))
+
+
+def prepare_config(config: DictConfig) -> DictConfig:
+    """Resolve the device and validate the whole config on the driver (raises ``ValueError`` naming the key)."""
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device, validate_device
+
+    auto_set_device(config)
+    validate_device(config.trainer.device)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    return config
+
+
+def get_ppo_ray_runtime_env() -> dict:
+    return {"env_vars": {k: v for k, v in _WORKER_ENV.items() if k not in os.environ}}
+
+
+def run_ppo(config: DictConfig) -> None:
+    """Start (or attach to) Ray, run the TaskRunner actor to completion."""
+    if not ray.is_initialized():
+        ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True)
+        runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(), ray_init.pop("runtime_env", None) or {})
+        ray_init = {k: v for k, v in ray_init.items() if v is not None}
+        ray.init(runtime_env=OmegaConf.to_container(runtime_env), include_dashboard=False, **ray_init)
+    runner = ray.remote(num_cpus=1)(TaskRunner).remote()
+    ray.get(runner.run.remote(config))
+
+
+class TaskRunner:
+    """Builds every component on a Ray node and runs training (a Ray actor, so the driver stays light)."""
+
+    def run(self, config: DictConfig) -> None:
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+        from verl.trainer.ppo.reward import load_reward_manager
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.utils.tokenizer import hf_processor, hf_tokenizer
+
+        OmegaConf.resolve(config)
+        model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
+        trust_remote_code = config.data.trust_remote_code
+        tokenizer = hf_tokenizer(model_path, trust_remote_code=trust_remote_code)
+        processor = hf_processor(model_path, trust_remote_code=trust_remote_code, use_fast=True)
+        reward_kwargs = OmegaConf.to_container(config.reward_model.reward_kwargs, resolve=True)
+        train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, True)
+        trainer = RayPPOTrainer(
+            config=config,
+            tokenizer=tokenizer,
+            processor=processor,
+            role_worker_mapping=self.role_worker_mapping(config),
+            resource_pool_manager=self.resource_pool_manager(config),
+            reward_fn=load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs),
+            val_reward_fn=load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs),
+            train_dataset=train_dataset,
+            val_dataset=create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, False),
+            collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(config.data, train_dataset),
+        )
+        trainer.init_workers()
+        trainer.fit()
+
+    @staticmethod
+    def role_worker_mapping(config: DictConfig) -> dict:
+        strategy = config.actor_rollout_ref.actor.strategy
+        if config.trainer.use_legacy_worker_impl == "disable":
+            raise ValueError(
+                "trainer.use_legacy_worker_impl=disable selects the engine workers, which verl-ascend does not ship "
+                "yet; use trainer.use_legacy_worker_impl=auto (the FSDP workers)"
+            )
+        if strategy not in ("fsdp", "fsdp2"):
+            raise ValueError(
+                f"actor_rollout_ref.actor.strategy={strategy!r} is not supported by the FSDP workers; use fsdp or fsdp2"
+            )
+        from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+        mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
+        if need_critic(config):
+            mapping[Role.Critic] = ray.remote(CriticWorker)
+        if need_reference_policy(config):
+            mapping[Role.RefPolicy] = ray.remote(ActorRolloutRefWorker)
+        return mapping
+
+    @staticmethod
+    def resource_pool_manager(config: DictConfig):
+        from verl.single_controller.ray import ResourcePoolManager
+
+        pool = "global_pool"
+        spec = {pool: [config.trainer.n_gpus_per_node] * config.trainer.nnodes}
+        mapping = {Role.ActorRollout: pool, Role.Critic: pool, Role.RefPolicy: pool}
+        return ResourcePoolManager(resource_pool_spec=spec, mapping=mapping)
+
+
+def create_rl_dataset(data_paths, data_config, tokenizer, processor, is_train: bool = True):
+    """The dataset of ``data.custom_cls`` if configured, else :class:`RLHFDataset`."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    dataset_cls = RLHFDataset
+    custom = data_config.custom_cls
+    if custom is not None and custom.path is not None:
+        from verl.utils.import_utils import load_extern_type
+
+        dataset_cls = load_extern_type(custom.path, custom.name)
+    max_samples = data_config.train_max_samples if is_train else data_config.val_max_samples
+    return dataset_cls(
+        data_files=data_paths, tokenizer=tokenizer, processor=processor, config=data_config, max_samples=max_samples
+    )
+
+
+def create_rl_sampler(data_config, dataset):
+    """Seeded, checkpointable random sampler (``data.shuffle``), else sequential; resume keeps the data order."""
+    import torch
+    from torch.utils.data import SequentialSampler
+    from torchdata.stateful_dataloader.sampler import RandomSampler
+
+    if data_config.shuffle:
+        generator = torch.Generator()
+        generator.manual_seed(data_config.seed)
+        return RandomSampler(data_source=dataset, generator=generator)
+    return SequentialSampler(data_source=dataset)
+
+
+if __name__ == "__main__":
+    main()

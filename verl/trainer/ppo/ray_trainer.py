@@ -1,0 +1,481 @@
+"""The RL loop on a Ray single controller: one training step is a short numbered list of named calls.
+
+::
+
+     prompts (parquet → RLHFDataset → DataProto)
+       │ 1 generate        actor_rollout.generate_sequences      (hf | vllm; weights synced by the worker)
+       │ 2 reward          reward_fn(batch) → token_level_scores
+       │ 3 old log-prob    actor_rollout.compute_log_prob        (+ entropy metric)
+       │ 4 ref log-prob    ref.compute_ref_log_prob              (if KL is used)
+       │ 5 values          critic.compute_values                 (if GAE)
+       │ 6 advantages      core_algos estimator by name          (driver, CPU)
+       │ 7 update critic   critic.update_critic
+       │ 8 update actor    actor_rollout.update_actor
+       │ 9 log / validate / checkpoint
+
+The driver holds the data (``DataProto`` on CPU); workers are reached only through their ``@register``-ed
+methods, via the typed facades of :mod:`verl.trainer.ppo.worker_groups`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from verl import DataProto
+from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from verl.trainer.ppo import core_algos, trainer_checkpoint
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+    process_validation_metrics,
+    reduce_metrics,
+)
+from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
+from verl.trainer.ppo.worker_groups import ActorRolloutRefGroup, CriticGroup
+
+_GEN_TENSOR_KEYS = ["input_ids", "attention_mask", "position_ids"]
+_GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs"]
+
+
+@contextmanager
+def marked_timer(name: str, timing_raw: dict[str, float]):
+    """Adds the wall time of the block to ``timing_raw[name]`` (seconds)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing_raw[name] = timing_raw.get(name, 0.0) + time.perf_counter() - start
+
+
+def compute_response_mask(data: DataProto) -> torch.Tensor:
+    """(bs, response_len) mask of valid response tokens: the response part of ``attention_mask``."""
+    response_length = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -response_length:]
+
+
+def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
+    """``token_level_rewards = token_level_scores - β·KL(old ‖ ref)`` per token, then update β (adaptive control).
+
+    Returns the data (modified in place) and the metrics ``actor/reward_kl_penalty`` (mean KL per sequence) and
+    ``actor/reward_kl_penalty_coeff`` (β used).
+    """
+    response_mask = data.batch["response_mask"]
+    kld = core_algos.kl_penalty(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty=kl_penalty)
+    kld = kld * response_mask
+    beta = kl_ctrl.value
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - beta * kld
+    # Mean over tokens of each sequence, then over the batch: the quantity the adaptive controller targets.
+    current_kl = (kld.sum(-1) / response_mask.sum(-1).clamp(min=1)).mean().item()
+    kl_ctrl.update(current_kl=current_kl, n_steps=data.batch.batch_size[0])
+    return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def compute_advantage(
+    data: DataProto,
+    adv_estimator,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    num_repeat: int = 1,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+) -> DataProto:
+    """Run the registered estimator named ``adv_estimator``; writes ``advantages`` and ``returns`` into the batch.
+
+    Every estimator is looked up in the registry; it receives the arguments its signature names among
+    ``token_level_rewards, response_mask, values, index (=uid), reward_baselines, gamma, lam,
+    norm_adv_by_std_in_grpo, config`` — so user-registered estimators work without changes here.
+    """
+    if "response_mask" not in data.batch.keys():
+        data.batch["response_mask"] = compute_response_mask(data)
+    estimator = core_algos.get_adv_estimator_fn(adv_estimator)
+    available = {
+        "token_level_rewards": data.batch["token_level_rewards"],
+        "response_mask": data.batch["response_mask"],
+        "index": data.non_tensor_batch.get("uid"),
+        "gamma": gamma,
+        "lam": lam,
+        "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+        "config": config,
+    }
+    for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
+        if key in data.batch.keys():
+            available[key] = data.batch[key]
+    parameters = inspect.signature(estimator).parameters
+    missing = [
+        name
+        for name, p in parameters.items()
+        if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and name not in available
+    ]
+    if missing:
+        raise ValueError(
+            f"algorithm.adv_estimator={adv_estimator!r} needs {missing}, which this batch does not have "
+            "(e.g. 'values' needs a critic: set critic.enable=True)"
+        )
+    kwargs = {name: available[name] for name in parameters if name in available}
+    advantages, returns = estimator(**kwargs)
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return data
+
+
+class RayPPOTrainer:
+    """PPO/GRPO on Ray: builds the worker groups, then runs :meth:`fit` (upstream's constructor signature)."""
+
+    def __init__(
+        self,
+        config,
+        tokenizer,
+        role_worker_mapping: dict,
+        resource_pool_manager,
+        ray_worker_group_cls=RayWorkerGroup,
+        processor=None,
+        reward_fn=None,
+        val_reward_fn=None,
+        train_dataset=None,
+        val_dataset=None,
+        collate_fn=None,
+        train_sampler=None,
+        device_name: str | None = None,
+    ):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.role_worker_mapping = role_worker_mapping
+        self.resource_pool_manager = resource_pool_manager
+        self.ray_worker_group_cls = ray_worker_group_cls
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.device_name = device_name or config.trainer.device
+        self.use_reference_policy = need_reference_policy(config)
+        self.use_critic = need_critic(config)
+        self.kl_ctrl_in_reward = (
+            core_algos.get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
+        )
+        self.global_steps = 0
+        self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+
+    # ------------------------------------------------------------------ setup
+    def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        data = self.config.data
+        self.train_dataloader = StatefulDataLoader(
+            dataset=train_dataset,
+            batch_size=data.train_batch_size,
+            num_workers=data.dataloader_num_workers,
+            drop_last=True,
+            collate_fn=collate_fn,
+            sampler=train_sampler,
+        )
+        self.val_dataloader = None
+        if val_dataset is not None and len(val_dataset) > 0:
+            val_batch_size = data.val_batch_size or len(val_dataset)
+            self.val_dataloader = StatefulDataLoader(
+                dataset=val_dataset,
+                batch_size=val_batch_size,
+                num_workers=data.dataloader_num_workers,
+                shuffle=False,
+                drop_last=False,
+                collate_fn=collate_fn,
+            )
+        if len(self.train_dataloader) == 0:
+            raise ValueError(
+                f"data.train_batch_size={data.train_batch_size} is larger than the training set "
+                f"({len(train_dataset)} prompts); lower data.train_batch_size"
+            )
+        total = len(self.train_dataloader) * self.config.trainer.total_epochs
+        if self.config.trainer.total_training_steps is not None:
+            total = self.config.trainer.total_training_steps
+        self.total_training_steps = total
+        OmegaConf.set_struct(self.config, False)
+        self.config.actor_rollout_ref.actor.optim.total_training_steps = total
+        if self.use_critic:
+            self.config.critic.optim.total_training_steps = total
+        OmegaConf.set_struct(self.config, True)
+
+    def init_workers(self) -> None:
+        """Create one colocated worker group per resource pool; init critic and ref first, the actor last."""
+        self.resource_pool_manager.create_resource_pool()
+        class_by_pool: dict = {}
+
+        def add(role: Role, name: str, ray_cls: RayClassWithInitArgs) -> None:
+            pool = self.resource_pool_manager.get_resource_pool(role)
+            class_by_pool.setdefault(pool, {})[name] = ray_cls
+
+        actor_role = Role.ActorRollout
+        add(actor_role, "actor_rollout", self._ray_cls(actor_role, config=self.config.actor_rollout_ref, role="actor_rollout"))
+        if self.use_critic:
+            add(Role.Critic, "critic", self._ray_cls(Role.Critic, config=self.config.critic))
+        if self.use_reference_policy:
+            add(Role.RefPolicy, "ref", self._ray_cls(Role.RefPolicy, config=self.config.actor_rollout_ref, role="ref"))
+
+        groups: dict[str, object] = {}
+        for pool, class_dict in class_by_pool.items():
+            worker_dict_cls = create_colocated_worker_cls(class_dict=class_dict)
+            wg = self.ray_worker_group_cls(
+                resource_pool=pool, ray_cls_with_init=worker_dict_cls, device_name=self.device_name
+            )
+            groups.update(wg.spawn(prefix_set=class_dict.keys()))
+
+        self.critic_wg = CriticGroup(groups["critic"]) if self.use_critic else None
+        self.ref_policy_wg = ActorRolloutRefGroup(groups["ref"]) if self.use_reference_policy else None
+        self.actor_rollout_wg = ActorRolloutRefGroup(groups["actor_rollout"])
+        if self.critic_wg is not None:
+            self.critic_wg.init_model()
+        if self.ref_policy_wg is not None:
+            self.ref_policy_wg.init_model()
+        self.actor_rollout_wg.init_model()  # last: a vLLM rollout sizes its cache from what is left
+
+    def _ray_cls(self, role: Role, **kwargs) -> RayClassWithInitArgs:
+        if role not in self.role_worker_mapping:
+            raise ValueError(f"no worker class registered for role {role}")
+        return RayClassWithInitArgs(cls=self.role_worker_mapping[role], **kwargs)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, float]:
+        """Train for ``total_training_steps``; returns the metrics of the last step."""
+        from verl.utils.tracking import Tracking
+
+        trainer_cfg = self.config.trainer
+        logger = Tracking(
+            project_name=trainer_cfg.project_name,
+            experiment_name=trainer_cfg.experiment_name,
+            default_backend=trainer_cfg.logger,
+            config=OmegaConf.to_container(self.config, resolve=True),
+        )
+        self._load_checkpoint()
+        if self.val_reward_fn is not None and trainer_cfg.val_before_train and self.val_dataloader is not None:
+            val_metrics = self._validate()
+            logger.log(data=val_metrics, step=self.global_steps)
+            if trainer_cfg.val_only:
+                return val_metrics
+        history: list[float] = []
+        last_metrics: dict[str, float] = {}
+        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
+        while self.global_steps < self.total_training_steps:
+            for batch_dict in self.train_dataloader:
+                self.global_steps += 1
+                last_metrics = self._train_step(DataProto.from_single_dict(batch_dict))
+                self._after_step(last_metrics)
+                logger.log(data=last_metrics, step=self.global_steps)
+                history.append(last_metrics.get("critic/score/mean", float("nan")))
+                progress.set_postfix(score=f"{history[-1]:.3f}")
+                progress.update(1)
+                if self.global_steps >= self.total_training_steps:
+                    break
+        progress.close()
+        self._print_summary(history)
+        logger.finish()
+        return last_metrics
+
+    def _train_step(self, batch: DataProto) -> dict[str, float]:
+        """One RL step over a batch of prompts; returns its metrics."""
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        with marked_timer("step", timing):
+            with marked_timer("gen", timing):
+                batch = self._generate(batch)  # 1
+            with marked_timer("reward", timing):
+                self._compute_reward(batch, metrics)  # 2
+            with marked_timer("old_log_prob", timing):
+                self._compute_old_log_prob(batch, metrics)  # 3
+            if self.use_reference_policy:
+                with marked_timer("ref", timing):
+                    batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))  # 4
+            if self.use_critic:
+                with marked_timer("values", timing):
+                    batch = batch.union(self.critic_wg.compute_values(batch))  # 5
+            with marked_timer("adv", timing):
+                self._compute_advantage(batch, metrics)  # 6
+            if self.use_critic:
+                with marked_timer("update_critic", timing):
+                    out = self.critic_wg.update_critic(batch)  # 7
+                    metrics.update(reduce_metrics(out.meta_info["metrics"]))
+            if self.global_steps > self.config.trainer.critic_warmup:
+                with marked_timer("update_actor", timing):
+                    batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+                    out = self.actor_rollout_wg.update_actor(batch)  # 8
+                    metrics.update(reduce_metrics(out.meta_info["metrics"]))
+        self._dump_rollouts(batch)
+        metrics["training/global_step"] = self.global_steps
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughout_metrics(batch, timing, n_gpus=self.resource_pool_manager.get_n_gpus()))
+        return metrics
+
+    # ------------------------------------------------------------------ steps
+    def _generate(self, batch: DataProto) -> DataProto:
+        """Step 1: n responses per prompt; returns the prompt batch repeated n times joined with the responses."""
+        rollout_n = self.config.actor_rollout_ref.rollout.n
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen_batch = self._gen_batch(batch)
+        gen_batch.meta_info.update(self._gen_meta_info(validate=False))
+        gen_output = self.actor_rollout_wg.generate_sequences(gen_batch.repeat(rollout_n, interleave=True))
+        batch = batch.repeat(rollout_n, interleave=True).union(gen_output)
+        batch.batch["response_mask"] = compute_response_mask(batch)
+        return batch
+
+    def _gen_batch(self, batch: DataProto) -> DataProto:
+        non_tensor_keys = [k for k in _GEN_NON_TENSOR_KEYS if k in batch.non_tensor_batch]
+        gen_batch = batch.pop(batch_keys=_GEN_TENSOR_KEYS, non_tensor_batch_keys=non_tensor_keys)
+        # The prompts stay in `batch` too: the rollout output carries input_ids etc. for the full sequence.
+        batch.non_tensor_batch.update({k: gen_batch.non_tensor_batch[k] for k in non_tensor_keys})
+        return gen_batch
+
+    def _gen_meta_info(self, validate: bool) -> dict:
+        return {
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "recompute_log_prob": False,
+            "do_sample": not validate or self.config.actor_rollout_ref.rollout.val_kwargs.do_sample,
+            "validate": validate,
+            "global_steps": self.global_steps,
+        }
+
+    def _compute_reward(self, batch: DataProto, metrics: dict) -> None:
+        """Step 2: rule/custom reward → ``token_level_scores`` (+ per-sample extra info and failure counters)."""
+        result = self.reward_fn(batch, return_dict=True)
+        batch.batch["token_level_scores"] = result["reward_tensor"]
+        for key, values in result.get("reward_extra_info", {}).items():
+            values = np.asarray(values)
+            if len(values) == len(batch):
+                batch.non_tensor_batch[key] = values
+            if values.dtype.kind in "biuf" and values.size > 0:
+                metrics[f"reward_extra/{key}/mean"] = float(values.astype(np.float64).mean())
+        for key, value in result.get("reward_metrics", {}).items():
+            metrics[key] = float(value)
+
+    def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> None:
+        """Step 3: log-probs of the sampled tokens under the current policy (+ the entropy metric)."""
+        old = self.actor_rollout_wg.compute_log_prob(batch)
+        if "entropys" in old.batch.keys():
+            entropy = core_algos.agg_loss(
+                loss_mat=old.batch["entropys"],
+                loss_mask=batch.batch["response_mask"],
+                loss_agg_mode=self.config.actor_rollout_ref.actor.loss_agg_mode,
+            )
+            metrics["actor/entropy"] = entropy.item()
+            old.batch.pop("entropys")
+        metrics.update(reduce_metrics(old.meta_info.pop("metrics", {})))
+        batch.union(old)
+
+    def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
+        """Step 6: optional KL penalty in the reward, then the configured advantage estimator (on the driver)."""
+        algo = self.config.algorithm
+        if algo.use_kl_in_reward:
+            _, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl_in_reward, kl_penalty=algo.kl_penalty)
+            metrics.update(kl_metrics)
+        else:
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+        compute_advantage(
+            batch,
+            adv_estimator=algo.adv_estimator,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            num_repeat=self.config.actor_rollout_ref.rollout.n,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            config=algo,
+        )
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> dict[str, float]:
+        """Greedy (or ``val_kwargs``) generation over the validation set, scored by ``val_reward_fn``."""
+        data_sources, scores = [], []
+        for batch_dict in self.val_dataloader:
+            batch = DataProto.from_single_dict(batch_dict)
+            gen_batch = self._gen_batch(batch)
+            gen_batch.meta_info.update(self._gen_meta_info(validate=True))
+            n = self.config.actor_rollout_ref.rollout.val_kwargs.n
+            output = self._generate_padded(gen_batch.repeat(n, interleave=True))
+            batch = batch.repeat(n, interleave=True).union(output)
+            batch.batch["response_mask"] = compute_response_mask(batch)
+            result = self.val_reward_fn(batch, return_dict=True)
+            scores.extend(result["reward_tensor"].sum(-1).tolist())
+            data_sources.extend(batch.non_tensor_batch["data_source"].tolist())
+        return process_validation_metrics(data_sources, scores)
+
+    def _generate_padded(self, gen_batch: DataProto) -> DataProto:
+        """Generate for a batch whose size need not divide the worker count (pad, generate, unpad)."""
+        from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+
+        padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.actor_rollout_wg.world_size)
+        return unpad_dataproto(self.actor_rollout_wg.generate_sequences(padded), pad_size=pad_size)
+
+    # ------------------------------------------------------------------ after a step
+    def _after_step(self, metrics: dict[str, float]) -> None:
+        trainer_cfg = self.config.trainer
+        is_last = self.global_steps >= self.total_training_steps
+        if trainer_cfg.save_freq > 0 and (self.global_steps % trainer_cfg.save_freq == 0 or is_last):
+            self._save_checkpoint()
+        if (
+            self.val_reward_fn is not None
+            and self.val_dataloader is not None
+            and trainer_cfg.test_freq > 0
+            and (self.global_steps % trainer_cfg.test_freq == 0 or is_last)
+        ):
+            metrics.update(self._validate())
+
+    def _dump_rollouts(self, batch: DataProto) -> None:
+        out_dir = self.config.trainer.rollout_data_dir
+        if not out_dir:
+            return
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        prompts = self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
+        responses = self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
+        scores = batch.batch["token_level_scores"].sum(-1).tolist()
+        with open(Path(out_dir) / f"{self.global_steps}.jsonl", "w") as f:
+            for prompt, response, score in zip(prompts, responses, scores, strict=True):
+                f.write(json.dumps({"input": prompt, "output": response, "score": score, "step": self.global_steps}))
+                f.write("\n")
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self) -> None:
+        trainer_cfg = self.config.trainer
+        root = trainer_cfg.default_local_dir
+        tmp = trainer_checkpoint.begin_step_dir(root, self.global_steps)
+        self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"), self.global_steps)
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(str(tmp / "critic"), self.global_steps)
+        extra = {"kl_coef": self.kl_ctrl_in_reward.value if self.kl_ctrl_in_reward is not None else None}
+        trainer_checkpoint.save_driver_state(tmp, self.train_dataloader.state_dict(), extra)
+        keep = trainer_cfg.max_actor_ckpt_to_keep
+        trainer_checkpoint.commit_step_dir(root, tmp, self.global_steps, keep)
+
+    def _load_checkpoint(self) -> None:
+        trainer_cfg = self.config.trainer
+        point = trainer_checkpoint.find_resume_point(
+            trainer_cfg.resume_mode, trainer_cfg.default_local_dir, trainer_cfg.resume_from_path
+        )
+        if point is None:
+            return
+        print(f"[verl] resuming from {point.path} (global step {point.global_step})", flush=True)
+        self.global_steps = point.global_step
+        self.actor_rollout_wg.load_checkpoint(str(point.path / "actor"))
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(str(point.path / "critic"))
+        state = trainer_checkpoint.load_driver_state(point.path)
+        self.train_dataloader.load_state_dict(state["dataloader"])
+        if self.kl_ctrl_in_reward is not None and state["extra"]["kl_coef"] is not None:
+            self.kl_ctrl_in_reward.value = state["extra"]["kl_coef"]
+
+    def _print_summary(self, history: list[float]) -> None:
+        if not history:
+            return
+        window = min(5, len(history))
+        first, last = float(np.nanmean(history[:window])), float(np.nanmean(history[-window:]))
+        print(
+            f"[verl] trained {len(history)} steps: mean score of the first {window} steps {first:.3f}, "
+            f"of the last {window} steps {last:.3f} (Δ {last - first:+.3f})",
+            flush=True,
+        )
