@@ -1,0 +1,541 @@
+"""FSDP1 / FSDP2 adapter: every difference between the two lives here, one function per difference.
+
+DESIGN.md "Two worker paths, one core": callers pick the implementation with the single config key
+``actor.strategy`` (``critic.strategy``) through :func:`get_fsdp_adapter` and never branch on the
+strategy themselves (field-report item 9). The differences are:
+
+=====================  ==========================================  =========================================
+difference             FSDP1 (``"fsdp"``)                          FSDP2 (``"fsdp2"``)
+=====================  ==========================================  =========================================
+wrap                   ``FullyShardedDataParallel`` + auto-wrap    ``fully_shard`` per layer, then the root
+mixed precision        ``MixedPrecision``                          ``MixedPrecisionPolicy``
+grad-sync control      ``module.no_sync()``                        ``set_requires_gradient_sync(False)``
+grad clipping          ``module.clip_grad_norm_``                  ``clip_grad_norm_`` over DTensors
+full state dict        ``FULL_STATE_DICT`` context (rank 0)        ``get_model_state_dict(full_state_dict)``
+param offload          move every flat parameter's storage         ``module.to(device)``
+=====================  ==========================================  =========================================
+
+CPU specifics (shared/reference/cpu_environment.md §3): FSDP1 needs ``device_id=torch.device("cpu")``,
+``sync_module_states=False`` and ``FullStateDictConfig(offload_to_cpu=False)``; FSDP2's
+``CPUOffloadPolicy`` must not pin memory. Both are decided here from the device name, nowhere else.
+
+The wrap policy (field-report item 6) accepts any iterable of class names (transformers 5 turns
+``_no_split_modules`` into a set; Qwen3.5 lists a class that does not exist), skips names that do not
+resolve with a warning and fails only when none resolves. An explicit
+``fsdp_config.wrap_policy.transformer_layer_cls_to_wrap`` wins over the model's ``_no_split_modules``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from verl.utils.device import get_device_name
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_STRATEGIES = ("fsdp", "fsdp2")
+
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# strategy and small helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def check_strategy(strategy: str, config_key: str = "actor_rollout_ref.actor.strategy") -> str:
+    """Return ``strategy`` if it is an FSDP strategy, else raise a ValueError naming ``config_key``."""
+    if strategy not in SUPPORTED_STRATEGIES:
+        raise ValueError(
+            f"{config_key}={strategy!r} is not an FSDP strategy; use one of {SUPPORTED_STRATEGIES} "
+            "(fsdp = FSDP1 FullyShardedDataParallel, fsdp2 = fully_shard, the CPU default)"
+        )
+    return strategy
+
+
+def to_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"bf16" | "bfloat16" | torch.bfloat16 | ...`` -> ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def fsdp_version(model: nn.Module) -> int:
+    """1 for an FSDP1 ``FullyShardedDataParallel``, 2 for an FSDP2 ``FSDPModule``, 0 otherwise (upstream name)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):
+        return 1
+    if isinstance(model, FSDPModule):
+        return 2
+    return 0
+
+
+def create_device_mesh(world_size: int, fsdp_size: int) -> DeviceMesh:
+    """1-D ``("fsdp",)`` mesh, or 2-D ``("ddp", "fsdp")`` (HSDP) when ``0 < fsdp_size < world_size``."""
+    device = get_device_name()
+    if fsdp_size <= 0 or fsdp_size >= world_size:
+        return init_device_mesh(device, mesh_shape=(world_size,), mesh_dim_names=("fsdp",))
+    if world_size % fsdp_size:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {world_size}")
+    return init_device_mesh(device, mesh_shape=(world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# wrap policy (field-report item 6)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] | None:
+    """The class of the first submodule of ``module`` (itself included) whose class name is ``name``, else None."""
+    for sub in module.modules():
+        if type(sub).__name__ == name:
+            return type(sub)
+    return None
+
+
+def _normalise_class_names(names: str | Iterable[str] | None) -> list[str]:
+    if names is None:
+        return []
+    if isinstance(names, str):
+        return [names]
+    # sets (transformers 5 `_no_split_modules`) have no order: sort so every rank wraps identically
+    return sorted(set(names)) if isinstance(names, (set, frozenset)) else list(dict.fromkeys(names))
+
+
+def layer_class_names(module: nn.Module, wrap_policy: Mapping | None) -> tuple[list[str], str]:
+    """Class names to wrap and where they came from; the explicit config key wins over ``_no_split_modules``."""
+    explicit = None if wrap_policy is None else wrap_policy["transformer_layer_cls_to_wrap"]
+    if explicit:
+        return _normalise_class_names(explicit), "fsdp_config.wrap_policy.transformer_layer_cls_to_wrap"
+    return _normalise_class_names(getattr(module, "_no_split_modules", None)), "model._no_split_modules"
+
+
+def resolve_wrap_classes(module: nn.Module, class_names: Iterable[str], source: str) -> set[type[nn.Module]]:
+    """Resolve class names to classes present in ``module``.
+
+    Names that do not resolve are skipped with a warning (Qwen3.5 lists ``Qwen3_5TextDecoderLayer``, which
+    does not exist); a ValueError naming ``source`` is raised only when none resolves.
+    """
+    names = _normalise_class_names(class_names)
+    if not names:
+        raise ValueError(
+            f"no layer class to wrap: {source} is empty; set "
+            "fsdp_config.wrap_policy.transformer_layer_cls_to_wrap to the decoder layer class name(s)"
+        )
+    resolved, missing = set(), []
+    for name in names:
+        cls = get_module_class_from_name(module, name)
+        if cls is None:
+            missing.append(name)
+        else:
+            resolved.add(cls)
+    if not resolved:
+        raise ValueError(
+            f"none of the layer classes {names} from {source} exists in {type(module).__name__}; set "
+            "fsdp_config.wrap_policy.transformer_layer_cls_to_wrap to the decoder layer class name(s)"
+        )
+    if missing:
+        logger.warning("FSDP wrap policy: skipping class names not found in the model: %s (from %s)", missing, source)
+    return resolved
+
+
+def get_fsdp_wrap_policy(module: nn.Module, config: Mapping | None = None, is_lora: bool = False):
+    """FSDP1 ``auto_wrap_policy`` (upstream name); None when ``config.disable`` is set.
+
+    ``min_num_params > 0`` selects a size-based policy, otherwise the transformer-layer policy over the
+    classes from :func:`resolve_wrap_classes`; with LoRA, trainable leaf modules are wrapped too.
+    """
+    from torch.distributed.fsdp.wrap import (
+        _or_policy,
+        lambda_auto_wrap_policy,
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
+
+    if config is not None and _get_optional(config, "disable", False):
+        return None
+    min_num_params = 0 if config is None else _get_optional(config, "min_num_params", 0)
+    if min_num_params > 0:
+        return functools.partial(size_based_auto_wrap_policy, min_num_params=min_num_params)
+    names, source = layer_class_names(module, config)
+    layer_policy = functools.partial(
+        transformer_auto_wrap_policy, transformer_layer_cls=resolve_wrap_classes(module, names, source)
+    )
+    if not is_lora:
+        return layer_policy
+
+    def _trainable_leaf(sub: nn.Module) -> bool:
+        return (
+            len(list(sub.named_children())) == 0
+            and getattr(sub, "weight", None) is not None
+            and sub.weight.requires_grad
+        )
+
+    lora_policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=_trainable_leaf)
+    return functools.partial(_or_policy, policies=[lora_policy, layer_policy])
+
+
+def _get_optional(config: Mapping, key: str, default: Any) -> Any:
+    # wrap_policy is a free-form dict in the upstream YAML (only `min_num_params` is declared), so absent keys
+    # are legitimate here; typed configs elsewhere never need this.
+    return config[key] if key in config and config[key] is not None else default
+
+
+def select_fsdp2_wrap_targets(model: nn.Module, layer_classes: set[type[nn.Module]]) -> list[nn.Module]:
+    """Modules to ``fully_shard`` before the root: every layer of ``layer_classes``; with untied word
+    embeddings also the input embedding and the LM head, which are the largest single tensors."""
+    targets = [m for m in model.modules() if isinstance(m, tuple(layer_classes))]
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", True)
+    if not tied:
+        for getter in ("get_input_embeddings", "get_output_embeddings"):
+            emb = getattr(model, getter, lambda: None)()
+            if isinstance(emb, nn.Module) and emb not in targets:
+                targets.append(emb)
+    return targets
+
+
+# --------------------------------------------------------------------------------------------------------------
+# mixed precision
+# --------------------------------------------------------------------------------------------------------------
+
+
+def mixed_precision_dtypes(
+    mixed_precision: Mapping | None, default_param_dtype: str = "bf16"
+) -> dict[str, torch.dtype]:
+    """``{"param_dtype", "reduce_dtype", "buffer_dtype"}``; upstream defaults are bf16 params, fp32 reduce/buffers."""
+    # `fsdp_config.mixed_precision` is a free-form dict upstream (any subset of the three keys)
+    mp = mixed_precision or {}
+    return {
+        "param_dtype": to_torch_dtype(_get_optional(mp, "param_dtype", default_param_dtype)),
+        "reduce_dtype": to_torch_dtype(_get_optional(mp, "reduce_dtype", "fp32")),
+        "buffer_dtype": to_torch_dtype(_get_optional(mp, "buffer_dtype", "fp32")),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the adapter
+# --------------------------------------------------------------------------------------------------------------
+
+
+class FSDPAdapter(ABC):
+    """One method per FSDP1/FSDP2 difference. Get one with :func:`get_fsdp_adapter`."""
+
+    strategy: str
+
+    @abstractmethod
+    def mixed_precision(self, dtypes: dict[str, torch.dtype]) -> Any:
+        """The strategy's mixed-precision object from :func:`mixed_precision_dtypes`."""
+
+    @abstractmethod
+    def wrap(
+        self,
+        module: nn.Module,
+        *,
+        mesh: DeviceMesh,
+        dtypes: dict[str, torch.dtype],
+        wrap_policy: Mapping | None,
+        offload_params: bool = False,
+        reshard_after_forward: bool = True,
+        forward_prefetch: bool = False,
+        use_orig_params: bool = False,
+    ) -> nn.Module:
+        """Shard ``module`` over ``mesh``; ``offload_params`` keeps parameters on the CPU between uses."""
+
+    @abstractmethod
+    def grad_sync(self, module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+        """Context in which backward does (``enabled``) or does not reduce gradients across ranks."""
+
+    @abstractmethod
+    def clip_grad_norm(self, module: nn.Module, max_norm: float) -> torch.Tensor:
+        """Clip gradients in place to total L2 norm ``max_norm``; return the pre-clip total norm (a plain
+        0-dim tensor, identical on every rank)."""
+
+    @abstractmethod
+    def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """Unsharded state dict with plain CPU tensors on rank 0 (``{}`` on the other ranks). Collective."""
+
+    @abstractmethod
+    def load_full_state_dict(self, module: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load an unsharded state dict that every rank holds into the sharded ``module``. Collective."""
+
+    @abstractmethod
+    def offload_params(self, module: nn.Module) -> None:
+        """Move the sharded parameters (and their gradients) to the CPU."""
+
+    @abstractmethod
+    def load_params(self, module: nn.Module, device: torch.device | str) -> None:
+        """Move the sharded parameters (and their gradients) back to ``device``."""
+
+
+class FSDP1Adapter(FSDPAdapter):
+    strategy = "fsdp"
+
+    def mixed_precision(self, dtypes):
+        from torch.distributed.fsdp import MixedPrecision
+
+        return MixedPrecision(**dtypes)
+
+    def wrap(
+        self,
+        module,
+        *,
+        mesh,
+        dtypes,
+        wrap_policy,
+        offload_params=False,
+        reshard_after_forward=True,
+        forward_prefetch=False,
+        use_orig_params=False,
+    ):
+        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, ShardingStrategy
+
+        on_cpu = get_device_name() == "cpu"
+        if offload_params and on_cpu:
+            # FSDP1 CPUOffload pins memory, which needs an accelerator (cpu_environment.md §3b); on the CPU the
+            # parameters already live in host memory, so the request is satisfied without it.
+            offload_params = False
+        hybrid = mesh.ndim == 2
+        if reshard_after_forward:
+            sharding = ShardingStrategy.HYBRID_SHARD if hybrid else ShardingStrategy.FULL_SHARD
+        else:
+            sharding = ShardingStrategy._HYBRID_SHARD_ZERO2 if hybrid else ShardingStrategy.SHARD_GRAD_OP
+        return FullyShardedDataParallel(
+            module,
+            auto_wrap_policy=get_fsdp_wrap_policy(module, wrap_policy),
+            device_id=torch.device("cpu") if on_cpu else _current_device(),
+            sharding_strategy=sharding,
+            mixed_precision=self.mixed_precision(dtypes),
+            # every rank loaded the same weights; broadcasting them needs an accelerator (cpu_environment §3b)
+            sync_module_states=False,
+            device_mesh=mesh,
+            use_orig_params=use_orig_params,
+            forward_prefetch=forward_prefetch,
+            cpu_offload=CPUOffload(offload_params=True) if offload_params else None,
+        )
+
+    def grad_sync(self, module, enabled):
+        return contextlib.nullcontext() if enabled else module.no_sync()
+
+    def clip_grad_norm(self, module, max_norm):
+        return module.clip_grad_norm_(max_norm=max_norm).detach().float()
+
+    def full_state_dict(self, module):
+        from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+        # offload_to_cpu=True segfaults on the CPU backend (cpu_environment.md §3b); the tensors are on the
+        # CPU there anyway.
+        cfg = FullStateDictConfig(offload_to_cpu=get_device_name() != "cpu", rank0_only=True)
+        with FullyShardedDataParallel.state_dict_type(module, StateDictType.FULL_STATE_DICT, cfg):
+            state = module.state_dict()
+        if _rank() != 0:
+            return {}
+        return {k: v.detach().cpu() for k, v in state.items()}
+
+    def load_full_state_dict(self, module, state_dict):
+        from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+        cfg = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+        with FullyShardedDataParallel.state_dict_type(module, StateDictType.FULL_STATE_DICT, cfg):
+            module.load_state_dict(state_dict)
+
+    def offload_params(self, module):
+        _move_fsdp1_flat_params(module, torch.device("cpu"))
+
+    def load_params(self, module, device):
+        _move_fsdp1_flat_params(module, torch.device(device))
+
+
+class FSDP2Adapter(FSDPAdapter):
+    strategy = "fsdp2"
+
+    def mixed_precision(self, dtypes):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(
+            param_dtype=dtypes["param_dtype"], reduce_dtype=dtypes["reduce_dtype"], cast_forward_inputs=True
+        )
+
+    def wrap(
+        self,
+        module,
+        *,
+        mesh,
+        dtypes,
+        wrap_policy,
+        offload_params=False,
+        reshard_after_forward=True,
+        forward_prefetch=False,
+        use_orig_params=False,
+    ):
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        # pinning needs an accelerator (cpu_environment.md §3a)
+        offload = CPUOffloadPolicy(pin_memory=get_device_name() != "cpu") if offload_params else OffloadPolicy()
+        kwargs = {"mesh": mesh, "mp_policy": self.mixed_precision(dtypes), "offload_policy": offload}
+        names, source = layer_class_names(module, wrap_policy)
+        targets = select_fsdp2_wrap_targets(module, resolve_wrap_classes(module, names, source))
+        for target in targets:
+            fully_shard(target, reshard_after_forward=reshard_after_forward, **kwargs)
+        fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)
+        if forward_prefetch:
+            layers = [t for t in targets if t is not module]
+            for current, nxt in zip(layers, layers[1:]):
+                current.set_modules_to_forward_prefetch([nxt])
+        return module
+
+    def grad_sync(self, module, enabled):
+        return _fsdp2_grad_sync(module, enabled)
+
+    def clip_grad_norm(self, module, max_norm):
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm, foreach=False)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return norm.detach().float()
+
+    def full_state_dict(self, module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(module, options=options)
+        return state if _rank() == 0 else {}
+
+    def load_full_state_dict(self, module, state_dict):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(module, dict(state_dict), options=StateDictOptions(full_state_dict=True))
+
+    def offload_params(self, module):
+        module.to("cpu")
+
+    def load_params(self, module, device):
+        module.to(device)
+
+
+@contextlib.contextmanager
+def _fsdp2_grad_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
+    if enabled:
+        yield
+        return
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+_ADAPTERS: dict[str, FSDPAdapter] = {"fsdp": FSDP1Adapter(), "fsdp2": FSDP2Adapter()}
+
+
+def get_fsdp_adapter(strategy: str, config_key: str = "actor_rollout_ref.actor.strategy") -> FSDPAdapter:
+    """The adapter for ``strategy`` (``"fsdp"`` = FSDP1, ``"fsdp2"`` = FSDP2)."""
+    return _ADAPTERS[check_strategy(strategy, config_key)]
+
+
+def adapter_for(module: nn.Module) -> FSDPAdapter | None:
+    """The adapter matching an already-wrapped module (None for an unwrapped one)."""
+    version = fsdp_version(module)
+    return None if version == 0 else _ADAPTERS["fsdp" if version == 1 else "fsdp2"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# offload (upstream function names); every tensor of a phase is on ONE device (field-report item 10)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _move_fsdp1_flat_params(module: nn.Module, device: torch.device) -> None:
+    from torch.distributed.fsdp._runtime_utils import _lazy_init
+
+    _lazy_init(module, module)
+    for handle in module._all_handles:
+        if handle._offload_params:
+            continue  # FSDP1 CPUOffload owns placement
+        flat = handle.flat_param
+        handle.flat_param_to(device, non_blocking=False)
+        # the local shard aliases the flat parameter's storage; keep them one tensor on one device
+        flat._local_shard = flat.data
+        if flat.grad is not None:
+            flat.grad = flat.grad.to(device)
+
+
+def offload_fsdp_model_to_cpu(model: nn.Module) -> None:
+    """Move a wrapped model's sharded parameters to the CPU (upstream name)."""
+    adapter = adapter_for(model)
+    if adapter is None:
+        model.to("cpu")
+    else:
+        adapter.offload_params(model)
+
+
+def load_fsdp_model_to_gpu(model: nn.Module, device: torch.device | str | None = None) -> None:
+    """Move a wrapped model's sharded parameters back to the accelerator (upstream name; any device)."""
+    device = device if device is not None else _current_device()
+    adapter = adapter_for(model)
+    if adapter is None:
+        model.to(device)
+    else:
+        adapter.load_params(model, device)
+
+
+def offload_fsdp_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Move every optimizer state tensor to the CPU (same for FSDP1 and FSDP2)."""
+    _move_optimizer_state(optimizer, torch.device("cpu"))
+
+
+def load_fsdp_optimizer(optimizer: torch.optim.Optimizer, device_id: torch.device | str | int | None = None) -> None:
+    """Move every optimizer state tensor to ``device_id`` (default: the current accelerator)."""
+    if device_id is None or isinstance(device_id, int):
+        device_id = _current_device()
+    _move_optimizer_state(optimizer, torch.device(device_id))
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    if not optimizer.state:
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state[param]
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    state[key] = value.to(device, non_blocking=False)
+
+
+def fsdp2_clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Clip DTensor gradients and return the full (replicated) total norm (upstream name)."""
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm=max_norm, norm_type=norm_type, foreach=False)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _current_device() -> torch.device:
+    from verl.utils.device import get_device_id
+
+    name = get_device_name()
+    return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
