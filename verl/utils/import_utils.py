@@ -1,0 +1,145 @@
+"""Load user code named in the config: a Python file (or ``pkg://module``) plus an attribute name.
+
+Upstream names: ``load_module``, ``load_extern_object``, ``load_extern_type``, ``load_class_from_fqn``,
+``import_external_libs`` and the ``is_*_available`` probes. Used for ``reward.custom_reward_function``,
+``data.custom_cls``, custom reward managers and samplers.
+
+A file is executed as a fresh module that is *not* left in ``sys.modules``: cloudpickle (Ray) then ships the
+functions and classes it defines by value, so a reward function loaded on the driver also works inside a Ray
+actor on another process that cannot import the file by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+PKG_PREFIX = "pkg://"
+
+
+@cache
+def _has_module(name: str) -> bool:
+    """True when ``name`` can be imported, without importing it (cheap probe for optional backends)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def is_vllm_available() -> bool:
+    """True when vLLM is installed."""
+    return _has_module("vllm")
+
+
+def is_sglang_available() -> bool:
+    """True when SGLang is installed."""
+    return _has_module("sglang")
+
+
+def is_megatron_core_available() -> bool:
+    """True when Megatron-Core is installed."""
+    return _has_module("megatron.core")
+
+
+def is_trl_available() -> bool:
+    """True when TRL is installed."""
+    return _has_module("trl")
+
+
+def is_nvtx_available() -> bool:
+    """True when the nvtx profiler annotations package is installed."""
+    return _has_module("nvtx")
+
+
+def _module_name_for(path: str) -> str:
+    """A unique, stable module name for a file path (two files named ``reward.py`` must not collide)."""
+    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
+    stem = os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    return f"verl_extern_{stem}_{digest}"
+
+
+def _exec_file_module(path: str, module_name: str | None) -> ModuleType:
+    """Execute the Python file at ``path`` as a new module and return it."""
+    name = module_name or _module_name_for(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"Cannot load {path!r} as a Python module (is it a .py file?).")
+    module = importlib.util.module_from_spec(spec)
+    # Registered only while it runs: dataclasses and typing look the module up by name during class creation.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ImportError(f"Executing {path!r} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if module_name is None:
+            sys.modules.pop(name, None)
+    return module
+
+
+def load_module(module_path: str, module_name: str | None = None) -> ModuleType:
+    """Import ``pkg://dotted.module`` by name, or execute a ``.py`` file given by path (``~`` expanded).
+
+    ``module_name``: register the file module in ``sys.modules`` under this name (by default it is not kept there,
+    see the module docstring). Raises FileNotFoundError for a missing file, ImportError when it fails to run.
+    """
+    if not module_path:
+        raise ValueError("load_module: module_path is empty; give a .py file path or 'pkg://dotted.module'.")
+    if module_path.startswith(PKG_PREFIX):
+        return importlib.import_module(module_path[len(PKG_PREFIX) :])
+    path = os.path.abspath(os.path.expanduser(module_path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Python file {module_path!r} not found (resolved to {path!r}).")
+    return _exec_file_module(path, module_name)
+
+
+def _public_names(module: ModuleType) -> list[str]:
+    """Names a user most likely meant: public module attributes, sorted."""
+    return sorted(name for name in vars(module) if not name.startswith("_"))
+
+
+def load_extern_object(module_path: str, object_name: str) -> Any:
+    """Attribute ``object_name`` (function, class or constant) of the module at ``module_path``.
+
+    Raises AttributeError listing the module's public names when ``object_name`` is missing.
+    """
+    module = load_module(module_path)
+    if not hasattr(module, object_name):
+        raise AttributeError(
+            f"{object_name!r} not found in {module_path!r}. Public names there: {', '.join(_public_names(module))}."
+        )
+    return getattr(module, object_name)
+
+
+def load_extern_type(file_path: str | None, type_name: str | None) -> Any:
+    """Upstream's older name for :func:`load_extern_object`; returns None when no file is configured."""
+    if not file_path:
+        return None
+    if not type_name:
+        raise ValueError(f"load_extern_type: a name is required to load an object from {file_path!r}.")
+    return load_extern_object(file_path, type_name)
+
+
+def load_class_from_fqn(fqn: str, description: str = "class") -> Any:
+    """Import ``package.module.Name`` by its fully qualified name."""
+    module_name, _, attr = fqn.rpartition(".")
+    if not module_name:
+        raise ValueError(f"Invalid {description} path {fqn!r}: expected 'package.module.ClassName'.")
+    module = importlib.import_module(module_name)
+    if not hasattr(module, attr):
+        raise AttributeError(f"{description} {attr!r} not found in module {module_name!r} (from {fqn!r}).")
+    return getattr(module, attr)
+
+
+def import_external_libs(external_libs: str | list[str] | None = None) -> None:
+    """Import user packages for their registration side effects (e.g. ``model.external_lib``)."""
+    if external_libs is None:
+        return
+    for name in [external_libs] if isinstance(external_libs, str) else external_libs:
+        importlib.import_module(name)
