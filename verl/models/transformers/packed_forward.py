@@ -1,0 +1,192 @@
+"""Model forwards on the one packed format (``verl.utils.packing.PackedBatch``) and on padded batches.
+
+``forward_packed`` runs any HF causal LM on a single packed row so that every sequence is computed exactly as if
+it were alone. Three conditions make HF models keep packed sequences apart (qwen3_5_model.md §2.4, §7):
+
+* ``attention_mask=None`` — the packed (block-diagonal) mask is only derived when no mask is given;
+* ``use_cache=False`` — with a cache (the config default is ``use_cache=True``, even in ``train()``) HF skips the
+  packed-mask detection and full attention leaks across sequences;
+* ``position_ids`` whose text row restarts at 0 at every ``cu_seqlens`` boundary (sdpa/eager derive the segments
+  from them; M-RoPE models need the 4-row form: text row + 3 M-RoPE rows).
+
+``cu_seqlens`` is also passed explicitly (the ``cu_seq_lens_q/k`` and ``max_length_q/k`` kwargs HF's flash-attention
+path uses for varlen attention); the Qwen3.5 Gated DeltaNet patches read the same kwargs. Models whose recurrent
+layers cannot keep sequences apart without a patch (Qwen3.5's GDN) are refused until the patch is applied.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from verl.utils.packing import PackedBatch, validate_cu_seqlens
+
+__all__ = ["forward_packed", "forward_padded", "get_lm_head", "packed_attention_kwargs", "VARLEN_PATCHED_ATTR"]
+
+# Set to True on a recurrent mixer module (e.g. a Qwen3.5 GatedDeltaNet) once it honours cu_seqlens.
+VARLEN_PATCHED_ATTR = "_verl_varlen_patched"
+# Module class-name suffixes of token mixers that carry state across tokens and must be varlen-patched.
+_RECURRENT_MIXER_SUFFIXES = ("GatedDeltaNet",)
+
+
+def get_lm_head(model: nn.Module) -> nn.Linear | None:
+    """The output projection (``lm_head``) of a causal LM, or None when the model has none (e.g. a critic)."""
+    inner = _unwrap(model)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    return head if isinstance(head, nn.Linear) else None
+
+
+def packed_attention_kwargs(packed: PackedBatch) -> dict:
+    """The varlen kwargs every patched forward receives: ``cu_seq_lens_q/k`` (int32, contiguous), ``max_length_q/k``."""
+    cu_seqlens = packed.cu_seqlens.to(device=packed.input_ids.device, dtype=torch.int32).contiguous()
+    return {
+        "cu_seq_lens_q": cu_seqlens,
+        "cu_seq_lens_k": cu_seqlens,
+        "max_length_q": packed.max_seqlen,
+        "max_length_k": packed.max_seqlen,
+    }
+
+
+def forward_packed(
+    model: nn.Module,
+    packed: PackedBatch,
+    *,
+    return_hidden: bool = False,
+    **multimodal_inputs,
+) -> torch.Tensor:
+    """Run ``model`` on a packed batch.
+
+    Args:
+        model: an HF causal LM (possibly wrapped by FSDP/DDP); Qwen3.5 models must have their patches applied.
+        packed: the packed batch (``input_ids`` ``(1, T)``).
+        return_hidden: return the final hidden states (after the last norm, before the LM head) instead of logits;
+            the LM head is then run on zero positions, so no ``(T, V)`` tensor is materialised.
+        **multimodal_inputs: e.g. ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` (packed, sample order).
+
+    Returns:
+        ``(1, T, V)`` logits, or ``(1, T, H)`` hidden states.
+    """
+    _check_packed(model, packed)
+    kwargs = dict(
+        input_ids=packed.input_ids.contiguous(),
+        position_ids=packed.position_ids.contiguous(),
+        attention_mask=None,
+        use_cache=False,
+        **packed_attention_kwargs(packed),
+        **multimodal_inputs,
+    )
+    return _call(model, kwargs, return_hidden)
+
+
+def forward_padded(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    *,
+    return_hidden: bool = False,
+    **multimodal_inputs,
+) -> torch.Tensor:
+    """Run ``model`` on a padded ``(B, S)`` batch (the ``use_remove_padding=False`` path).
+
+    ``position_ids`` are ``(B, S)`` or ``(C, B, S)`` for M-RoPE. Returns ``(B, S, V)`` logits or ``(B, S, H)``.
+    """
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids.contiguous(),
+        use_cache=False,
+        **multimodal_inputs,
+    )
+    return _call(model, kwargs, return_hidden)
+
+
+def _call(model: nn.Module, kwargs: dict, return_hidden: bool) -> torch.Tensor:
+    if not return_hidden:
+        return model(**kwargs).logits
+    # Capture the backbone's output through a hook scoped to this call, and ask the LM head for no position at
+    # all: calling the backbone directly would bypass an FSDP1/DDP root wrapper's forward (and its unsharding).
+    backbone = _backbone(model)
+    captured: list[torch.Tensor] = []
+    handle = backbone.register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
+    try:
+        model(**kwargs, logits_to_keep=torch.empty(0, dtype=torch.long, device=kwargs["input_ids"].device))
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(
+            f"forward(return_hidden=True): expected the backbone {type(backbone).__name__} to run once, "
+            f"it ran {len(captured)} times"
+        )
+    return captured[0]
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # FSDP1 (`_fsdp_wrapped_module`) and DDP (`module`) wrappers around the HF model.
+    while True:
+        if isinstance(getattr(model, "_fsdp_wrapped_module", None), nn.Module):
+            model = model._fsdp_wrapped_module
+        elif type(model).__name__ == "DistributedDataParallel":
+            model = model.module
+        else:
+            return model
+
+
+def _backbone(model: nn.Module) -> nn.Module:
+    inner = _unwrap(model)
+    prefix = getattr(inner, "base_model_prefix", "")
+    backbone = getattr(inner, prefix, None) if prefix else None
+    if not isinstance(backbone, nn.Module):
+        raise TypeError(
+            f"forward(return_hidden=True) needs an HF model with a backbone attribute "
+            f"(base_model_prefix); {type(inner).__name__} has none"
+        )
+    return backbone
+
+
+def _check_packed(model: nn.Module, packed: PackedBatch) -> None:
+    if packed.input_ids.dim() != 2 or packed.input_ids.shape[0] != 1:
+        raise ValueError(f"forward_packed: input_ids must be (1, T), got {tuple(packed.input_ids.shape)}")
+    total = packed.total_tokens
+    validate_cu_seqlens(packed.cu_seqlens, total)
+    _check_position_ids(packed)
+    unpatched = [name for name, module in model.named_modules() if _needs_varlen_patch(module)]
+    if unpatched:
+        raise RuntimeError(
+            f"forward_packed: {len(unpatched)} recurrent layer(s) (first: {unpatched[0]}) do not honour cu_seqlens "
+            "and would leak state across packed sequences; apply the model patches first "
+            "(verl.models.transformers.patch_registry.apply_patches(model, platform=...)) or set "
+            "use_remove_padding=False"
+        )
+
+
+def _needs_varlen_patch(module: nn.Module) -> bool:
+    return type(module).__name__.endswith(_RECURRENT_MIXER_SUFFIXES) and not getattr(module, VARLEN_PATCHED_ATTR, False)
+
+
+def _check_position_ids(packed: PackedBatch) -> None:
+    pos = packed.position_ids
+    total = packed.total_tokens
+    if pos.dim() == 3 and pos.shape[0] == 3:
+        raise ValueError(
+            "forward_packed: 3-row M-RoPE position_ids disable HF's packed-sequence detection; pass 4 rows "
+            "(a text row restarting at 0 per sequence, then the 3 M-RoPE rows), see "
+            "verl.utils.rope_utils.get_packed_mrope_position_ids"
+        )
+    if pos.shape[-1] != total or pos.shape[-2] != 1 or pos.dim() not in (2, 3):
+        raise ValueError(
+            f"forward_packed: position_ids must be (1, T) or (C, 1, T) with T={total}, got {tuple(pos.shape)}"
+        )
+    # sdpa/eager attention find the segments where consecutive text positions do not step by 1: they must be
+    # exactly the cu_seqlens boundaries, or attention would silently mix (or split) sequences.
+    text = packed.text_position_ids[0]
+    steps = torch.diff(text)
+    segment_starts = torch.nonzero(steps != 1).flatten() + 1
+    expected = packed.cu_seqlens[1:-1].to(device=text.device, dtype=segment_starts.dtype)
+    if segment_starts.shape != expected.shape or not torch.equal(segment_starts, expected):
+        raise ValueError(
+            "forward_packed: position_ids do not match cu_seqlens; each sequence's (text) positions must restart "
+            "(not continue by +1) at every boundary and step by exactly 1 inside a sequence. Build them with "
+            f"verl.utils.packing.pack_padded_batch. Boundaries from positions: {segment_starts.tolist()[:8]}, "
+            f"from cu_seqlens: {expected.tolist()[:8]}"
+        )
