@@ -114,7 +114,7 @@ def _gdpo_components(
             "in its dict (e.g. ['format_reward', 'accuracy_reward'])."
         )
     prompt_length = batch["prompts"].shape[1]
-    last_token = (batch["attention_mask"][:, prompt_length:].sum(dim=-1) - 1).clamp(min=0)
+    last_token = (batch["attention_mask"][:, prompt_length:].sum(dim=-1).long() - 1).clamp(min=0)
     rows = torch.arange(response_mask.shape[0], device=response_mask.device)
     components = []
     for key in keys:
