@@ -1,0 +1,1 @@
+"""Experimental utilities kept under upstream's import path (`verl.utils.experimental.torch_functional`)."""
