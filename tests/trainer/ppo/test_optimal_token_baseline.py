@@ -16,7 +16,12 @@ HALF = math.log(0.5)
 
 def _inputs(mask: list[list[int]], rewards: list[list[float]]):
     mask_t = torch.tensor(mask, dtype=torch.float32)
-    return torch.tensor(rewards, dtype=torch.float32), mask_t, torch.full_like(mask_t, HALF), torch.full_like(mask_t, 0.5)
+    return (
+        torch.tensor(rewards, dtype=torch.float32),
+        mask_t,
+        torch.full_like(mask_t, HALF),
+        torch.full_like(mask_t, 0.5),
+    )
 
 
 def test_otb_one_group_of_two():
