@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-Sized = Sequence[Any] | np.ndarray | torch.Tensor
+SizedBatch = Sequence[Any] | np.ndarray | torch.Tensor
 
 
 def check_same_shape(where: str, **tensors: torch.Tensor | None) -> None:
@@ -40,7 +40,7 @@ def check_2d(where: str, name: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{where}: {name} must be 2-D (batch_size, response_length), got shape {tuple(tensor.shape)}.")
 
 
-def check_batch_length(where: str, name: str, values: Sized, batch_size: int) -> None:
+def check_batch_length(where: str, name: str, values: SizedBatch, batch_size: int) -> None:
     """Raise ``ValueError`` unless ``len(values) == batch_size`` (one entry per response)."""
     if len(values) != batch_size:
         raise ValueError(

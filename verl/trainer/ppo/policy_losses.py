@@ -22,7 +22,14 @@ from verl.utils import torch_functional as verl_F
 _LOG_RATIO_BOUND = 20.0
 
 
-def check_policy_loss_inputs(where: str, old_log_prob, log_prob, advantages, response_mask, rollout_is_weights=None):
+def check_policy_loss_inputs(
+    where: str,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> None:
     """Raise ``ValueError`` unless all inputs are ``(bs, T)`` tensors of one shape."""
     check_2d(where, "log_prob", log_prob)
     check_same_shape(
@@ -71,10 +78,15 @@ def ppo_clip_losses(
     return losses, clipped > unclipped, (clip_loss > dual_bound) & negative
 
 
-def _metrics(response_mask: torch.Tensor, log_ratio: torch.Tensor, clipped=None, clipped_lower=None) -> dict:
+def _metrics(
+    response_mask: torch.Tensor,
+    log_ratio: torch.Tensor,
+    clipped: torch.Tensor | None = None,
+    clipped_lower: torch.Tensor | None = None,
+) -> dict[str, float]:
     """The standard metrics as floats; a clip fraction that does not apply to a loss is reported as 0."""
 
-    def fraction(flags):
+    def fraction(flags: torch.Tensor | None) -> float:
         return 0.0 if flags is None else verl_F.masked_mean(flags.float(), response_mask).item()
 
     return {
