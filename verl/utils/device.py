@@ -96,7 +96,7 @@ def get_device_id() -> int:
 
 
 def get_nccl_backend() -> str:
-    """``torch.distributed`` backend of the selected platform: ``"gloo" | "nccl" | "hccl"``."""
+    """``torch.distributed`` backend of the selected platform (``Platform.comm_backend``; gloo on the CPU)."""
     return get_platform().comm_backend
 
 

@@ -1,0 +1,111 @@
+"""A simulated Ascend NPU for CPU-only CI — a **test fixture**, never imported by verl at run time.
+
+What it is (DESIGN.md "Devices"): a real PrivateUse1 backend named ``npu`` (C++ in ``csrc/npu_sim.cpp``, built
+on first use) whose memory is host memory, plus a fake ``torch_npu`` module (:mod:`.fake_torch_npu`) with the
+documented semantics of the fused ops verl calls, and a ``torch.npu`` device module (:mod:`.device_module`).
+
+Properties tests rely on:
+
+* ``tensor.to("npu")``, ``.npu()``, ``.cpu()``, ``torch.device("npu:0")``, ``Module.to("npu")``, ``param.data = t``,
+  autograd, optimizers, ``torch.save``/``torch.load`` (``map_location`` included) behave as on hardware;
+* an op mixing NPU tensors with (non-scalar) CPU tensors raises ``RuntimeError: Expected all tensors to be on the
+  same device, but found at least two devices, npu:0 and cpu!`` exactly where hardware would;
+* ``torch_npu`` imports, ``torch.npu.is_available()`` is True, so ``verl.utils.device`` selects the npu platform;
+* random ops on NPU tensors draw from a per-device generator (``torch.npu.manual_seed``), not the CPU one;
+* memory statistics count live NPU bytes (``torch.npu.memory_allocated``), so offload tests can assert that
+  parameters really left the device.
+
+Not simulated: asynchronous execution (every op completes before returning), autocast (a no-op on ``npu``),
+fp64 restrictions of real kernels, HCCL topology. Usage::
+
+    with simulated_ascend():
+        ...  # get_device_name() == "npu"
+
+or, in pytest, the ``npu_sim`` fixture from :mod:`verl.utils.platform.npu_sim.pytest_plugin`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["install", "is_installed", "simulated_ascend", "uninstall"]
+
+_installed = False
+
+
+def _ensure_backend_registered(device_count: int) -> None:
+    from verl.utils.platform.npu_sim.build import load_backend
+
+    load_backend()
+    torch.ops.npu_sim.set_device_count(device_count)
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+    if not hasattr(torch.Tensor, "npu"):  # generated once per process; they outlive uninstall (inert without torch.npu)
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+
+
+def install(device_count: int = 1) -> None:
+    """Install the simulated Ascend in this process: ``torch.npu``, ``torch_npu``, the ``hccl`` stand-in.
+
+    Re-selects the platform (``verl.utils.platform.reset_platform``) so detection now finds ``npu``.
+    Raises RuntimeError if a real ``torch_npu`` is already loaded (never mix the two).
+    """
+    global _installed
+    if _installed:
+        torch.ops.npu_sim.set_device_count(device_count)
+        return
+    existing = sys.modules.get("torch_npu")
+    if existing is not None:
+        raise RuntimeError(f"a real torch_npu ({getattr(existing, '__file__', existing)}) is loaded; cannot simulate")
+    _ensure_backend_registered(device_count)
+    from verl.utils.platform.npu_sim import device_module, fake_torch_npu, hccl
+
+    torch._register_device_module("npu", device_module)
+    sys.modules["torch.npu.memory"] = device_module.memory
+    sys.modules["torch_npu"] = fake_torch_npu
+    hccl.register_hccl_backend()
+    torch.ops.npu_sim.set_device(0)
+    _installed = True
+    _reset_platform()
+
+
+def uninstall() -> None:
+    """Remove ``torch.npu`` and ``torch_npu`` again; detection falls back to the real machine (the C++ kernels stay
+    loaded but are unreachable without ``torch.npu``, and no NPU tensor survives a test that freed its objects)."""
+    global _installed
+    if not _installed:
+        return
+    if hasattr(torch, "npu"):
+        delattr(torch, "npu")
+    for name in ("torch.npu", "torch.npu.memory", "torch_npu"):
+        sys.modules.pop(name, None)
+    _installed = False
+    _reset_platform()
+
+
+def is_installed() -> bool:
+    return _installed
+
+
+def _reset_platform() -> None:
+    from verl.utils.platform.registry import reset_platform
+
+    reset_platform()
+
+
+@contextlib.contextmanager
+def simulated_ascend(device_count: int = 1) -> Iterator[None]:
+    """Run the block with the simulated Ascend installed (and the platform re-detected as ``npu``)."""
+    already = _installed
+    install(device_count)
+    try:
+        yield
+    finally:
+        if not already:
+            uninstall()
