@@ -9,9 +9,19 @@ it were alone. Three conditions make HF models keep packed sequences apart (qwen
 * ``position_ids`` whose text row restarts at 0 at every ``cu_seqlens`` boundary (sdpa/eager derive the segments
   from them; M-RoPE models need the 4-row form: text row + 3 M-RoPE rows).
 
-``cu_seqlens`` is also passed explicitly (the ``cu_seq_lens_q/k`` and ``max_length_q/k`` kwargs HF's flash-attention
-path uses for varlen attention); the Qwen3.5 Gated DeltaNet patches read the same kwargs. Models whose recurrent
-layers cannot keep sequences apart without a patch (Qwen3.5's GDN) are refused until the patch is applied.
+``cu_seqlens`` is also passed explicitly, as two kinds of kwargs that HF threads down to every decoder layer:
+
+* ``verl_cu_seqlens`` (:data:`PACKED_CU_SEQLENS_KWARG`), always: the patched Qwen3.5 Gated DeltaNet layers read it.
+  It has a name of its own because HF gives the standard names a second meaning elsewhere: the Qwen3.5 vision
+  tower pops a ``cu_seqlens`` kwarg as *its* per-image boundaries and passes ``cu_seq_lens_q`` itself, so the
+  standard names collide there.
+* ``cu_seq_lens_q/k`` + ``max_length_q/k``, for text-only inputs: HF's flash-attention path uses them for varlen
+  attention (sdpa/eager ignore them and use the position ids). With pixel inputs they are left out (the vision
+  tower's flash attention would receive them twice); flash attention then derives the same boundaries from the text
+  position row, which restarts at 0 per sequence.
+
+Models whose recurrent layers cannot keep sequences apart without a patch (Qwen3.5's GDN) are refused until the
+patch is applied.
 """
 
 from __future__ import annotations
@@ -21,7 +31,19 @@ import torch.nn as nn
 
 from verl.utils.packing import PackedBatch, validate_cu_seqlens
 
-__all__ = ["forward_packed", "forward_padded", "get_lm_head", "packed_attention_kwargs", "VARLEN_PATCHED_ATTR"]
+__all__ = [
+    "PACKED_CU_SEQLENS_KWARG",
+    "VARLEN_PATCHED_ATTR",
+    "forward_packed",
+    "forward_padded",
+    "get_lm_head",
+    "packed_attention_kwargs",
+]
+
+# The kwarg that carries cu_seqlens (int32, contiguous) down to patched recurrent layers.
+PACKED_CU_SEQLENS_KWARG = "verl_cu_seqlens"
+# Inputs that run the vision tower, whose attention already receives its own cu_seq_lens_q/k.
+_VISION_INPUTS = ("pixel_values", "pixel_values_videos")
 
 # Set to True on a recurrent mixer module (e.g. a Qwen3.5 GatedDeltaNet) once it honours cu_seqlens.
 VARLEN_PATCHED_ATTR = "_verl_varlen_patched"
@@ -36,15 +58,19 @@ def get_lm_head(model: nn.Module) -> nn.Linear | None:
     return head if isinstance(head, nn.Linear) else None
 
 
-def packed_attention_kwargs(packed: PackedBatch) -> dict:
-    """The varlen kwargs every patched forward receives: ``cu_seq_lens_q/k`` (int32, contiguous), ``max_length_q/k``."""
+def packed_attention_kwargs(packed: PackedBatch, *, flash_kwargs: bool = True) -> dict:
+    """The boundary kwargs of a packed forward (module docstring): ``verl_cu_seqlens`` and, with ``flash_kwargs``,
+    ``cu_seq_lens_q/k`` + ``max_length_q/k``. cu_seqlens is int32 and contiguous on the device of the input ids."""
     cu_seqlens = packed.cu_seqlens.to(device=packed.input_ids.device, dtype=torch.int32).contiguous()
-    return {
-        "cu_seq_lens_q": cu_seqlens,
-        "cu_seq_lens_k": cu_seqlens,
-        "max_length_q": packed.max_seqlen,
-        "max_length_k": packed.max_seqlen,
-    }
+    kwargs = {PACKED_CU_SEQLENS_KWARG: cu_seqlens}
+    if flash_kwargs:
+        kwargs.update(
+            cu_seq_lens_q=cu_seqlens,
+            cu_seq_lens_k=cu_seqlens,
+            max_length_q=packed.max_seqlen,
+            max_length_k=packed.max_seqlen,
+        )
+    return kwargs
 
 
 def forward_packed(
@@ -72,7 +98,9 @@ def forward_packed(
         position_ids=packed.position_ids.contiguous(),
         attention_mask=None,
         use_cache=False,
-        **packed_attention_kwargs(packed),
+        **packed_attention_kwargs(
+            packed, flash_kwargs=not any(multimodal_inputs.get(k) is not None for k in _VISION_INPUTS)
+        ),
         **multimodal_inputs,
     )
     return _call(model, kwargs, return_hidden)
@@ -156,8 +184,19 @@ def _check_packed(model: nn.Module, packed: PackedBatch) -> None:
             f"forward_packed: {len(unpatched)} recurrent layer(s) (first: {unpatched[0]}) do not honour cu_seqlens "
             "and would leak state across packed sequences; apply the model patches first "
             "(verl.models.transformers.patch_registry.apply_patches(model, platform=...)) or set "
-            "use_remove_padding=False"
+            f"use_remove_padding=False.{_skipped_patches(model)}"
         )
+
+
+def _skipped_patches(model: nn.Module) -> str:
+    from verl.models.transformers.patch_registry import get_patch_status
+
+    reasons = [
+        f" {s.name} was {s.state}: {s.reason}."
+        for s in get_patch_status(_unwrap(model)).values()
+        if s.state != "applied"
+    ]
+    return "".join(reasons)
 
 
 def _needs_varlen_patch(module: nn.Module) -> bool:
