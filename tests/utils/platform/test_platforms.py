@@ -1,0 +1,116 @@
+"""Each platform's contract values, the npu platform on the simulated Ascend, and a broken torch_npu install."""
+
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import verl.utils.device as device
+from verl.utils.platform import PlatformRegistry, reset_platform, use_platform
+from verl.utils.platform.npu import import_torch_npu
+
+
+@pytest.fixture(autouse=True)
+def _fresh_platform(monkeypatch):
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    reset_platform()
+    yield
+    reset_platform()
+
+
+@pytest.mark.parametrize(
+    "name, backend, env, resource, options",
+    [
+        ("cpu", "gloo", None, "CPU", {}),
+        ("cuda", "nccl", "CUDA_VISIBLE_DEVICES", "GPU", {"num_gpus": 2}),
+        ("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "NPU", {"resources": {"NPU": 2}}),
+    ],
+)
+def test_contract_values(name, backend, env, resource, options):
+    """Backend, visible-devices variable, Ray resource and Ray actor options per platform (upstream's values)."""
+    platform = PlatformRegistry.create(name)
+    assert (platform.device_name, platform.comm_backend) == (name, backend)
+    assert platform.visible_devices_envvar == env
+    assert platform.ray_resource_name == resource
+    assert platform.ray_actor_options(2) == options
+
+
+def test_npu_visible_devices_and_noset(monkeypatch):
+    """ASCEND_RT_VISIBLE_DEVICES is parsed; Ray must be told not to rewrite it."""
+    platform = PlatformRegistry.create("npu")
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "4, 5,6")
+    assert platform.visible_device_ids() == ["4", "5", "6"]
+    assert platform.ray_noset_envvars == ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",)
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES")
+    assert platform.visible_device_ids() is None
+
+
+def test_hccl_env_defaults_user_values_and_range(monkeypatch):
+    """HCCL_CONNECT_TIMEOUT defaults to 1500 s, user-exported values win, out-of-range values are refused."""
+    platform = PlatformRegistry.create("npu")
+    for key in ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_HOST_SOCKET_PORT_RANGE"):
+        monkeypatch.delenv(key, raising=False)
+    env = platform.comm_env_vars()
+    assert env["HCCL_CONNECT_TIMEOUT"] == "1500" and "HCCL_EXEC_TIMEOUT" not in env
+    assert env["HCCL_HOST_SOCKET_PORT_RANGE"] == "auto"
+    assert platform.comm_env_vars(exec_timeout_s=600)["HCCL_EXEC_TIMEOUT"] == "600"
+    monkeypatch.setenv("HCCL_CONNECT_TIMEOUT", "3000")
+    assert platform.comm_env_vars(connect_timeout_s=200)["HCCL_CONNECT_TIMEOUT"] == "3000"
+    with pytest.raises(ValueError, match=r"HCCL_CONNECT_TIMEOUT must be in \[120, 7200\]"):
+        platform.comm_env_vars(connect_timeout_s=60)
+    assert PlatformRegistry.create("cpu").comm_env_vars() == {}
+
+
+def test_npu_platform_on_simulated_ascend(npu_sim):
+    """With torch_npu loadable and a device visible, detection picks npu and every adapter answers for it."""
+    assert device.is_torch_npu_available() and device.is_npu_available
+    assert device.get_device_name() == "npu"
+    assert device.get_torch_device() is torch.npu
+    assert device.get_nccl_backend() == "hccl"
+    assert device.get_visible_devices_keyword() == "ASCEND_RT_VISIBLE_DEVICES"
+    assert device.get_resource_name() == "NPU"
+    assert device.get_device_id() == 0
+    assert device.get_device_capability() == (None, None)
+    device.validate_device("npu")
+    device.set_expandable_segments(False)
+    assert torch.npu.memory.allocator_settings[-1] == "expandable_segments:False"
+
+
+def test_auto_set_device_on_npu_machine(npu_sim):
+    """Upstream's default trainer.device=cuda becomes npu on an NPU machine; explicit cpu stays cpu."""
+    config = OmegaConf.create({"trainer": {"device": "cuda"}})
+    assert device.auto_set_device(config) == "npu" and config.trainer.device == "npu"
+    config = OmegaConf.create({"trainer": {"device": "cpu"}})
+    assert device.auto_set_device(config) == "cpu" and device.get_device_name() == "cpu"
+
+
+def test_use_platform_restores_previous_selection(npu_sim):
+    """use_platform selects inside the block only."""
+    assert device.get_device_name() == "npu"
+    with use_platform("cpu"):
+        assert device.get_device_name() == "cpu"
+    assert device.get_device_name() == "npu"
+
+
+class _BrokenTorchNpuFinder:
+    """Imitates torch_npu installed without CANN: importing it raises RuntimeError (seen via torch's autoload)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch_npu":
+            raise RuntimeError("Failed to load the backend extension: torch_npu (libhccl.so: cannot open)")
+        return None
+
+
+def test_torch_npu_that_raises_runtime_error_means_no_npu(monkeypatch):
+    """find_spec is not enough: an import that raises RuntimeError is treated as 'no NPU', with a clear error."""
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_BrokenTorchNpuFinder(), *sys.meta_path])
+    module, error = import_torch_npu()
+    assert module is None and isinstance(error, RuntimeError)
+    assert not device.is_torch_npu_available(check_device=False)
+    assert device.get_device_name() == "cpu"
+    with pytest.raises(RuntimeError) as info:
+        device.validate_device("npu")
+    assert "RuntimeError: Failed to load the backend extension" in str(info.value)
+    assert "set_env.sh" in str(info.value)
