@@ -79,9 +79,12 @@ def test_to_dict_is_plain_nested_dict():
 
 
 def test_config_error_rebases_key_path():
-    """ConfigError.under prefixes the relative key with the node path; it is a ValueError."""
-    err = ConfigError("ppo_mini_batch_size", "must be > 0")
+    """ConfigError.under prefixes the relative key with the node path, also inside `{node}.` placeholders."""
+    err = ConfigError("fsdp_config.strategy", "(fsdp) contradicts {node}.strategy (fsdp2)")
     assert isinstance(err, ValueError)
-    full = err.under("actor_rollout_ref.actor")
-    assert full.key == "actor_rollout_ref.actor.ppo_mini_batch_size"
-    assert str(full) == "actor_rollout_ref.actor.ppo_mini_batch_size: must be > 0"
+    assert str(err) == "fsdp_config.strategy: (fsdp) contradicts strategy (fsdp2)"
+    full = err.under("actor").under("actor_rollout_ref")
+    assert full.key == "actor_rollout_ref.actor.fsdp_config.strategy"
+    assert str(full) == (
+        "actor_rollout_ref.actor.fsdp_config.strategy: (fsdp) contradicts actor_rollout_ref.actor.strategy (fsdp2)"
+    )

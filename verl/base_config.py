@@ -22,29 +22,40 @@ import collections.abc
 import dataclasses
 import difflib
 from collections.abc import Iterator
-from dataclasses import FrozenInstanceError, dataclass
+from dataclasses import FrozenInstanceError, dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["BaseConfig", "ConfigError"]
+__all__ = ["BaseConfig", "ConfigError", "field_default", "require_choice", "require_positive"]
 
 
 class ConfigError(ValueError):
     """A configuration value the user can fix.
 
-    `key` is the dotted key relative to the config node that raised (e.g. `"ppo_mini_batch_size"` or
-    `"fsdp_config.strategy"`); `under(prefix)` rebases it onto the node's full path.
+    `name` is the dotted key relative to the config node that raised (e.g. `"ppo_mini_batch_size"` or
+    `"fsdp_config.strategy"`) and `node` the path of that node once known (`"actor_rollout_ref.actor"`);
+    `key` is the full path. The message may write `{node}.other_key` to name a sibling key: the placeholder
+    is replaced by the node path when it is known and dropped otherwise.
     """
 
-    def __init__(self, key: str, message: str):
-        self.key = key
+    def __init__(self, name: str, message: str, node: str = ""):
+        self.name = name
+        self.node = node
         self.detail = message
-        super().__init__(f"{key}: {message}" if key else message)
+        super().__init__(f"{self.key}: {self._render(message)}" if self.key else self._render(message))
+
+    @property
+    def key(self) -> str:
+        """The full dotted key path (`node.name`)."""
+        return ".".join(p for p in (self.node, self.name) if p)
+
+    def _render(self, message: str) -> str:
+        return message.replace("{node}.", f"{self.node}." if self.node else "")
 
     def under(self, prefix: str) -> ConfigError:
-        """The same error with `key` prefixed by the path of the node that holds it."""
+        """The same error rebased under the path of the node that holds the raising node."""
         if not prefix:
             return self
-        return ConfigError(f"{prefix}.{self.key}" if self.key else prefix, self.detail)
+        return ConfigError(self.name, self.detail, ".".join(p for p in (prefix, self.node) if p))
 
 
 def closest_names(name: str, candidates: collections.abc.Iterable[str]) -> str:
@@ -60,8 +71,9 @@ class BaseConfig(collections.abc.Mapping):
     # Field names a caller may re-assign after construction. Everything else is frozen.
     _mutable_fields: ClassVar[frozenset[str]] = frozenset()
 
-    _target_: str = ""
-    """Import path of the class, as written in the YAML node; informational once the object exists."""
+    _target_: str = field(default="", compare=False)
+    """Import path of the class, as written in the YAML node; informational once the object exists (it does not
+    take part in equality, so a config built from YAML equals the same config built in Python)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         fields = self.__dataclass_fields__
@@ -98,3 +110,29 @@ class BaseConfig(collections.abc.Mapping):
     def to_dict(self) -> dict[str, Any]:
         """A plain nested dict of the fields (nested configs become dicts), e.g. for experiment trackers."""
         return dataclasses.asdict(self)
+
+
+# ---- small checks shared by the config dataclasses' __post_init__ ----
+def require_choice(name: str, value: Any, choices: collections.abc.Collection[Any]) -> None:
+    """Raise ConfigError unless `value` is one of `choices`."""
+    if value not in choices:
+        options = " | ".join(str(c) for c in choices)
+        raise ConfigError(name, f"{value!r} is not supported; choose one of: {options}.")
+
+
+def require_positive(name: str, value: int | float | None, *, allow_none: bool = False) -> None:
+    """Raise ConfigError unless `value > 0` (or None when `allow_none`)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(name, f"must be a positive number, got {value!r}.")
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The declared default of dataclass field `name` of `cls` (calling its default_factory)."""
+    f = cls.__dataclass_fields__[name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise ConfigError(name, f"{cls.__name__}.{name} has no default")

@@ -1,0 +1,159 @@
+"""The whole `ppo_trainer.yaml` tree as one typed config, and the links between its nodes.
+
+Several keys in different nodes mean the same thing (the YAML interpolates one from the other:
+`actor_rollout_ref.actor.rollout_n: ${oc.select:actor_rollout_ref.rollout.n,1}`). After conversion
+they are made equal here, with the same rule everywhere (`link_keys`): the side the user changed wins,
+changing both to different values raises `ConfigError` naming both keys. The FSDP strategy is stricter:
+`actor_rollout_ref.actor.strategy` is the one key, and `ref.strategy` / `critic.strategy` may only repeat it
+(field report item 9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.base_config import BaseConfig, ConfigError, field_default
+from verl.trainer.config.algorithm import AlgoConfig
+from verl.trainer.config.data import DataConfig
+from verl.trainer.config.trainer import GlobalProfilerConfig, RayKwargsConfig, TrainerConfig
+from verl.workers.config import (
+    FSDPActorConfig,
+    FSDPCriticConfig,
+    FSDPRefConfig,
+    HFModelConfig,
+    RewardConfig,
+    RolloutConfig,
+)
+from verl.workers.config.actor import check_sequence_parallel
+
+__all__ = ["ActorRolloutRefConfig", "PPOTrainerConfig", "link_keys"]
+
+
+def _get(cfg: BaseConfig, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _with_value(cfg: BaseConfig, path: str, value: Any) -> BaseConfig:
+    """A copy of `cfg` with the value at dotted `path` replaced (intermediate nodes are copied, not mutated)."""
+    head, _, rest = path.partition(".")
+    new_value = _with_value(getattr(cfg, head), rest, value) if rest else value
+    return dataclasses.replace(cfg, **{head: new_value})
+
+
+def _set(cfg: BaseConfig, path: str, value: Any) -> None:
+    head, _, rest = path.partition(".")
+    cfg._normalize(head, _with_value(getattr(cfg, head), rest, value) if rest else value)
+
+
+def _default_at(cfg: BaseConfig, path: str) -> Any:
+    owner_path, _, name = path.rpartition(".")
+    owner = _get(cfg, owner_path) if owner_path else cfg
+    return field_default(type(owner), name)
+
+
+def link_keys(cfg: BaseConfig, home: str, follower: str) -> None:
+    """Make `cfg.<home>` and `cfg.<follower>` (dotted paths) equal: the side changed from its default wins."""
+    home_value, follower_value = _get(cfg, home), _get(cfg, follower)
+    if home_value == follower_value:
+        return
+    if follower_value == _default_at(cfg, follower):
+        _set(cfg, follower, home_value)
+    elif home_value == _default_at(cfg, home):
+        _set(cfg, home, follower_value)
+    else:
+        raise ConfigError(
+            follower,
+            f"({follower_value!r}) contradicts {{node}}.{home} ({home_value!r}); it follows that key: set only "
+            f"{{node}}.{home}.",
+        )
+
+
+def require_same_strategy(cfg: BaseConfig, actor_path: str, other_path: str) -> None:
+    """`<other>.strategy` may only repeat the actor's: one key selects FSDP1/FSDP2 everywhere."""
+    actor_strategy, other_strategy = _get(cfg, f"{actor_path}.strategy"), _get(cfg, f"{other_path}.strategy")
+    if other_strategy != actor_strategy:
+        raise ConfigError(
+            f"{other_path}.strategy",
+            f"({other_strategy}) contradicts {{node}}.{actor_path}.strategy ({actor_strategy}). "
+            f"{{node}}.{actor_path}.strategy is the one key that selects FSDP1/FSDP2 for every component; set only "
+            f"it (the YAML makes {other_path}.strategy follow it).",
+        )
+
+
+@dataclass
+class ActorRolloutRefConfig(BaseConfig):
+    """`actor_rollout_ref`: the policy model and its three roles, which share one worker group."""
+
+    hybrid_engine: bool = True
+    """Actor, rollout and reference share devices and swap memory (the only supported layout)."""
+
+    nccl_timeout: int = 600
+    """Seconds before a collective times out (nccl, hccl or gloo)."""
+
+    model: HFModelConfig = field(default_factory=HFModelConfig)
+    """The policy model."""
+
+    actor: FSDPActorConfig = field(default_factory=FSDPActorConfig)
+    """Policy updates."""
+
+    ref: FSDPRefConfig = field(default_factory=FSDPRefConfig)
+    """Reference policy (for KL)."""
+
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""
+
+    def __post_init__(self) -> None:
+        if not self.hybrid_engine:
+            raise ConfigError(
+                "hybrid_engine", "only the hybrid engine (actor, rollout and ref colocated) is supported."
+            )
+        require_same_strategy(self, "actor", "ref")
+        link_keys(self, "rollout.n", "actor.rollout_n")
+        link_keys(self, "rollout.n", "ref.rollout_n")
+        link_keys(self, "model.use_remove_padding", "actor.use_remove_padding")
+        link_keys(self, "model.use_fused_kernels", "actor.use_fused_kernels")
+        try:
+            check_sequence_parallel(self.ref.ulysses_sequence_parallel_size, self.model.use_remove_padding)
+        except ConfigError as err:
+            raise err.under("ref") from None
+
+
+@dataclass
+class PPOTrainerConfig(BaseConfig):
+    """The root of `ppo_trainer.yaml` (after the legacy reward keys are migrated into `reward`)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets and batch size."""
+
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """Policy model, actor, reference and rollout."""
+
+    critic: FSDPCriticConfig = field(default_factory=FSDPCriticConfig)
+    """Value model (used with GAE)."""
+
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward functions and managers."""
+
+    algorithm: AlgoConfig = field(default_factory=AlgoConfig)
+    """Advantage estimation and KL penalty."""
+
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Run length, cluster size, logging, checkpoints."""
+
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    """Step profiling."""
+
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    """Ray options."""
+
+    def __post_init__(self) -> None:
+        require_same_strategy(self, "actor_rollout_ref.actor", "critic")
+        link_keys(self, "data.max_prompt_length", "actor_rollout_ref.rollout.prompt_length")
+        link_keys(self, "data.max_response_length", "actor_rollout_ref.rollout.response_length")
+        link_keys(self, "trainer.n_gpus_per_node", "actor_rollout_ref.rollout.n_gpus_per_node")
+        link_keys(self, "actor_rollout_ref.rollout.n", "critic.rollout_n")
+        link_keys(self, "actor_rollout_ref.rollout.multi_turn.tool_config_path", "data.tool_config_path")

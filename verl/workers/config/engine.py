@@ -1,0 +1,187 @@
+"""FSDP engine settings (`*.fsdp_config`) and the rule that links them to their role's keys.
+
+The same knob exists twice upstream: once on the role (`actor_rollout_ref.actor.strategy`,
+`...actor.ulysses_sequence_parallel_size`, `...actor.entropy_from_logits_with_chunking`) read by the legacy
+worker, and once on the engine (`...actor.fsdp_config.<same name>`) read by the engine worker. Field report
+item 9 is what happens when they disagree (FSDP2 configured on one, FSDP1 built by the other).
+`link_role_and_engine` makes them one setting: whichever side the user set wins, setting both to different
+values raises `ConfigError` naming both keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl.base_config import BaseConfig, ConfigError, field_default, require_choice, require_positive
+
+__all__ = ["FSDP_STRATEGIES", "EngineConfig", "FSDPEngineConfig", "link_role_and_engine"]
+
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+"""`fsdp` = FSDP1 (`FullyShardedDataParallel` wrapper), `fsdp2` = `fully_shard` per decoder layer (CPU default)."""
+
+_DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+_WRAP_POLICY_KEYS = ("min_num_params", "transformer_layer_cls_to_wrap", "disable")
+_MIXED_PRECISION_KEYS = (
+    "param_dtype",
+    "reduce_dtype",
+    "buffer_dtype",
+    "keep_low_precision_grads",
+    "cast_forward_inputs",
+)
+
+
+@dataclass
+class EngineConfig(BaseConfig):
+    """Settings every training engine shares."""
+
+    strategy: Optional[str] = None
+    """fsdp | fsdp2. null (the default) = follow the owning role's `strategy` key, which is the one key that
+    selects FSDP1/FSDP2 (`actor_rollout_ref.actor.strategy`, `critic.strategy`). Setting it to a different
+    value than the role's raises."""
+
+    param_offload: bool = False
+    """Move parameters to CPU between phases and back before use (manual offload)."""
+
+    optimizer_offload: bool = False
+    """Move optimizer state to CPU between updates (manual offload)."""
+
+    forward_only: bool = False
+    """The model only runs forward passes (reference policy): no optimizer, always offloaded."""
+
+    use_torch_compile: bool = True
+    """torch.compile the entropy/log-prob kernels. The CPU quickstart turns it off."""
+
+    seed: int = 42
+    """Seed for model initialisation and dropout."""
+
+    full_determinism: bool = False
+    """Deterministic kernels (slower); for bitwise reproducibility checks."""
+
+
+@dataclass
+class FSDPEngineConfig(EngineConfig):
+    """`fsdp_config` of the actor, reference policy and critic (`engine/fsdp.yaml`)."""
+
+    wrap_policy: dict[str, Any] = field(default_factory=lambda: {"min_num_params": 0})
+    """FSDP1 auto-wrap: `min_num_params` (size-based wrap when > 0), `transformer_layer_cls_to_wrap` (class names;
+    defaults to the model's `_no_split_modules`), `disable`."""
+
+    offload_policy: bool = False
+    """FSDP2 only: `CPUOffloadPolicy` keeps parameters on CPU and streams them per layer. When true the manual
+    `param_offload`/`optimizer_offload` flags are turned off (the policy owns placement)."""
+
+    reshard_after_forward: bool = True
+    """FSDP2: free the gathered parameters after forward (ZeRO-3); false keeps them until backward."""
+
+    fsdp_size: int = -1
+    """Ranks per FSDP shard group (hybrid sharding); -1 = all ranks."""
+
+    forward_prefetch: bool = False
+    """FSDP1: prefetch the next all-gather during forward."""
+
+    model_dtype: str = "fp32"
+    """dtype the weights are loaded in (fp32 | bf16 | fp16); master weights for the optimizer."""
+
+    use_orig_params: bool = False
+    """FSDP1 `use_orig_params` (needed for parameter-wise optimizer groups and LoRA)."""
+
+    mixed_precision: Optional[dict[str, Any]] = None
+    """FSDP mixed precision: {param_dtype, reduce_dtype, buffer_dtype}. null = params in `dtype`, gradient
+    reduction and buffers in fp32."""
+
+    ulysses_sequence_parallel_size: int = 1
+    """Ulysses sequence-parallel group size (engine path). Linked to the role-level key of the same name."""
+
+    entropy_from_logits_with_chunking: bool = False
+    """Compute entropy in token chunks (engine path). Linked to the role-level key of the same name."""
+
+    entropy_from_logits_chunk_size: int = 2048
+    """Tokens per chunk for chunked log-prob/entropy. Linked to the role-level key of the same name."""
+
+    entropy_checkpointing: bool = False
+    """Recompute entropy in backward instead of storing the softmax. Linked to the role-level key."""
+
+    dtype: str = "bfloat16"
+    """Compute dtype of the FSDP mixed-precision policy (bfloat16 | float16 | float32)."""
+
+    def __post_init__(self) -> None:
+        if self.strategy is not None:
+            require_choice("strategy", self.strategy, FSDP_STRATEGIES)
+        require_choice("model_dtype", self.model_dtype, _DTYPES)
+        require_choice("dtype", self.dtype, _DTYPES)
+        require_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
+        require_positive("entropy_from_logits_chunk_size", self.entropy_from_logits_chunk_size)
+        if self.fsdp_size == 0 or self.fsdp_size < -1:
+            raise ConfigError("fsdp_size", f"must be -1 (all ranks) or a positive group size, got {self.fsdp_size}.")
+        _check_keys("wrap_policy", self.wrap_policy, _WRAP_POLICY_KEYS)
+        if self.mixed_precision is not None:
+            _check_keys("mixed_precision", self.mixed_precision, _MIXED_PRECISION_KEYS)
+        if self.offload_policy and (self.param_offload or self.optimizer_offload):
+            # Upstream semantics: CPUOffloadPolicy owns parameter placement, so manual offload is switched off.
+            self._normalize("param_offload", False)
+            self._normalize("optimizer_offload", False)
+
+
+def _check_keys(name: str, mapping: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(mapping) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}", f"unknown key; {name} accepts: {', '.join(allowed)}.")
+
+
+# Keys that exist on the role and on its fsdp_config and mean the same thing.
+LINKED_ENGINE_KEYS = (
+    "ulysses_sequence_parallel_size",
+    "entropy_from_logits_with_chunking",
+    "entropy_from_logits_chunk_size",
+    "entropy_checkpointing",
+    "use_torch_compile",
+)
+
+
+def link_role_and_engine(
+    role: BaseConfig, engine_path: str = "fsdp_config", keys: tuple[str, ...] = LINKED_ENGINE_KEYS
+) -> None:
+    """Make `role.strategy` and each `role.<k>` (k in `keys`) one setting with `role.<engine_path>.<same key>`.
+
+    `engine_path` is `fsdp_config` (actor, ref) or `model.fsdp_config` (critic).
+    `strategy`: the engine's may only be null (then it takes the role's) or equal to it.
+    Other keys: equal values are fine; if only one side differs from its declared default, that side wins
+    and is copied to the other; if both were set to different values, raise. The engine config is replaced
+    by an updated copy (never mutated), so an engine config shared between roles is never changed behind
+    another role's back.
+    """
+    owner_path, _, engine_field = engine_path.rpartition(".")
+    owner = getattr(role, owner_path) if owner_path else role
+    engine = getattr(owner, engine_field)
+    updates: dict[str, Any] = {}
+    if engine.strategy is None:
+        updates["strategy"] = role.strategy
+    elif engine.strategy != role.strategy:
+        raise ConfigError(
+            f"{engine_path}.strategy",
+            f"({engine.strategy}) contradicts {{node}}.strategy ({role.strategy}). {{node}}.strategy is the one key "
+            f"that selects FSDP1/FSDP2 for this component: set only it and leave {engine_path}.strategy null.",
+        )
+    for key in keys:
+        role_value, engine_value = getattr(role, key), getattr(engine, key)
+        if role_value == engine_value:
+            continue
+        if engine_value == field_default(type(engine), key):
+            updates[key] = role_value
+        elif role_value == field_default(type(role), key):
+            role._normalize(key, engine_value)
+        else:
+            raise ConfigError(
+                f"{engine_path}.{key}",
+                f"({engine_value!r}) contradicts {{node}}.{key} ({role_value!r}); they are one setting: set only "
+                f"{{node}}.{key}.",
+            )
+    if not updates:
+        return
+    new_engine = dataclasses.replace(engine, **updates)
+    if owner_path:
+        role._normalize(owner_path, dataclasses.replace(owner, **{engine_field: new_engine}))
+    else:
+        role._normalize(engine_field, new_engine)
