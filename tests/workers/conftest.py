@@ -1,0 +1,69 @@
+"""Shared builders for the worker tests: tiny models, rollout batches and actor configs."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from verl.protocol import DataProto
+
+VOCAB = 128
+
+
+def tiny_qwen2(seed: int = 0, *, tie: bool = False, layers: int = 2) -> Qwen2ForCausalLM:
+    """A random tiny Qwen2 (hidden 32, 2 layers, vocab 128), fp32, sdpa."""
+    cfg = Qwen2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=128, tie_word_embeddings=tie, attn_implementation="sdpa",
+        use_cache=False,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(cfg).float()
+
+
+def rollout_batch(
+    batch_size: int = 8, prompt_len: int = 6, response_len: int = 7, seed: int = 0, vocab: int = VOCAB
+) -> DataProto:
+    """Left-padded prompts + right-padded responses with the upstream keys and random PPO targets.
+
+    Row i has ``i % 3`` prompt pads and ``i % 4`` response pads, so lengths differ across rows.
+    """
+    g = torch.Generator().manual_seed(seed)
+    seqlen = prompt_len + response_len
+    input_ids = torch.randint(1, vocab, (batch_size, seqlen), generator=g)
+    attention_mask = torch.ones(batch_size, seqlen, dtype=torch.long)
+    for i in range(batch_size):
+        attention_mask[i, : i % 3] = 0
+        if i % 4:
+            attention_mask[i, seqlen - i % 4 :] = 0
+    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    response_mask = attention_mask[:, prompt_len:].clone()
+    td = TensorDict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "prompts": input_ids[:, :prompt_len],
+            "responses": input_ids[:, prompt_len:],
+            "response_mask": response_mask,
+            "advantages": torch.randn(batch_size, response_len, generator=g) * response_mask,
+            "old_log_probs": (-torch.rand(batch_size, response_len, generator=g) * 5) * response_mask,
+            "ref_log_prob": (-torch.rand(batch_size, response_len, generator=g) * 5) * response_mask,
+            "returns": torch.randn(batch_size, response_len, generator=g) * response_mask,
+            "values": torch.randn(batch_size, response_len, generator=g) * response_mask,
+        },
+        batch_size=[batch_size],
+    )
+    return DataProto(batch=td, meta_info={"temperature": 0.7})
+
+
+@pytest.fixture
+def make_model():
+    return tiny_qwen2
+
+
+@pytest.fixture
+def make_batch():
+    return rollout_batch

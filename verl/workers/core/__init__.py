@@ -1,0 +1,14 @@
+"""The maths both worker paths share (DESIGN.md "Two worker paths, one core").
+
+The legacy workers (``fsdp_workers`` + ``dp_actor``/``dp_critic``) and the engine workers call these modules;
+neither re-implements them:
+
+=====================  ===========================================================================================
+``micro_batching``     mini-batches, micro-batches by count or by token budget (``use_dynamic_bsz``), global
+                       token/sequence counts that make gradient accumulation exact
+``model_forward``      packed (default) or padded model forward → response log-probs / entropy / values
+``lm_head``            the LM head run only on the response window, optionally fused with the log-prob maths
+``losses``             policy loss (``core_algos`` registry) + entropy bonus + KL loss; clipped value loss
+``optimizer_step``     gradient clipping that skips non-finite steps; optimizer and lr-schedule construction
+=====================  ===========================================================================================
+"""
