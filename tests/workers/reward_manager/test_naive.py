@@ -52,7 +52,7 @@ def test_dict_scores_fill_extra_info(tokenizer, make_batch):
     out = NaiveRewardManager(tokenizer, 0, compute_score=compute_score)(batch, return_dict=True)
     info = out["reward_extra_info"]
     assert info["score"] == [1.0, -1.0] and info["acc"] == [True, False] and info["pred"] == ["4", "5"]
-    assert info["reward_failed"] == [False, False]
+    assert info["reward_failed"] == [False, False] and info["reward_timed_out"] == [False, False]
     assert out["reward_metrics"] == {"reward/num_failed": 0, "reward/num_timed_out": 0}
     assert out["reward_tensor"].sum() == 0.0  # +1 and -1
 
@@ -72,7 +72,12 @@ def test_raising_function_scores_zero_warns_and_counts(tokenizer, make_batch, ca
     assert out["reward_tensor"][0].sum() == 1.0 and out["reward_tensor"][1].abs().sum() == 0.0
     assert out["reward_metrics"]["reward/num_failed"] == 1
     # Failed sample 1 gets neutral fills so every column keeps one entry per sample.
-    assert out["reward_extra_info"] == {"score": [1.0, 0.0], "acc": [True, 0.0], "reward_failed": [False, True]}
+    assert out["reward_extra_info"] == {
+        "score": [1.0, 0.0],
+        "acc": [True, 0.0],
+        "reward_failed": [False, True],
+        "reward_timed_out": [False, False],
+    }
     for fragment in ("sample 1", "data_source='t'", "ZeroDivisionError: bad parse", "what is 9 plus 9", "A: boom"):
         assert fragment in caplog.text
     assert manager.num_failed_total == 1

@@ -65,5 +65,6 @@ def test_extra_info_alignment_and_metrics():
         "pred": ["4", "", ""],
         "obj": [[1], None, None],
         "reward_failed": [False, True, True],
+        "reward_timed_out": [False, False, True],
     }
     assert failure_metrics(results) == {"reward/num_failed": 2, "reward/num_timed_out": 1}

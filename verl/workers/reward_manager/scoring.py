@@ -154,7 +154,7 @@ def warn_failures(samples: list[Any], results: list[ScoreResult], manager: str) 
 
 
 def collect_extra_info(results: list[ScoreResult]) -> dict[str, list]:
-    """Per-sample extra columns: every dict key any sample returned, plus ``reward_failed`` (bool).
+    """Per-sample extra columns: every dict key any sample returned, plus ``reward_failed``/``reward_timed_out``.
 
     A sample that lacks a key (typically because it failed) gets a neutral fill so each list has one entry per
     sample: 0.0 for numeric/bool keys (a failure counts as wrong), "" for strings, None otherwise.
@@ -166,6 +166,7 @@ def collect_extra_info(results: list[ScoreResult]) -> dict[str, list]:
         fill = 0.0 if isinstance(example, (int, float, bool)) else ("" if isinstance(example, str) else None)
         info[key] = [r.extra.get(key, fill) for r in results]
     info["reward_failed"] = [r.failed for r in results]
+    info["reward_timed_out"] = [r.timed_out for r in results]
     return info
 
 
