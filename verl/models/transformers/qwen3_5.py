@@ -34,14 +34,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from verl.models.registry import QWEN3_5_MODEL_TYPES, QWEN3_5_TRANSFORMERS
+from verl.models.transformers import qwen3_5_vision  # noqa: F401  (registers the vision patch-embedding patch)
 from verl.models.transformers.packed_forward import PACKED_CU_SEQLENS_KWARG, VARLEN_PATCHED_ATTR
 from verl.models.transformers.patch_registry import ModelPatch, PatchSkipped, register_patch
 from verl.ops import causal_conv1d, chunk_gated_delta_rule
 
-__all__ = ["SUPPORTED_TRANSFORMERS", "QWEN3_5_MODEL_TYPES", "apply_varlen_gdn", "VARLEN_GDN_PATCH"]
-
-SUPPORTED_TRANSFORMERS = ">=5.4.0,<6"
-QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
+__all__ = ["apply_varlen_gdn", "VARLEN_GDN_PATCH"]
 # kwargs HF may hand a GDN layer that our forward consumes or ignores (boundaries, flash-attention extras)
 _BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "position_ids")
 _STASH_ATTR = "_verl_layer_cu_seqlens"
@@ -182,7 +181,7 @@ VARLEN_GDN_PATCH = register_patch(
         platforms=("cpu", "cuda", "npu"),
         apply=_apply_varlen_gdn_patch,
         required=True,
-        transformers=SUPPORTED_TRANSFORMERS,
+        transformers=QWEN3_5_TRANSFORMERS,
         description="GatedDeltaNet conv + recurrence reset at every cu_seqlens boundary (packed training is exact)",
     )
 )
