@@ -1,0 +1,23 @@
+"""Ray backend of the single controller: resource pools (placement groups), worker groups, colocated roles."""
+
+from verl.single_controller.ray.base import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    ResourcePoolManager,
+    SubRayResourcePool,
+    create_colocated_worker_cls,
+    merge_resource_pool,
+    split_resource_pool,
+)
+
+__all__ = [
+    "RayClassWithInitArgs",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "ResourcePoolManager",
+    "SubRayResourcePool",
+    "create_colocated_worker_cls",
+    "merge_resource_pool",
+    "split_resource_pool",
+]

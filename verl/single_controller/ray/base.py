@@ -1,0 +1,26 @@
+"""Upstream's module path for the Ray backend (``verl.single_controller.ray.base``); the code lives in
+``resource_pool.py``, ``worker_group.py`` and ``colocate.py``."""
+
+from verl.single_controller.ray.colocate import create_colocated_worker_cls
+from verl.single_controller.ray.resource_pool import (
+    RayResourcePool,
+    ResourcePoolManager,
+    SubRayResourcePool,
+    merge_resource_pool,
+    sort_placement_group_by_node_ip,
+    split_resource_pool,
+)
+from verl.single_controller.ray.worker_group import RayClassWithInitArgs, RayWorkerGroup, get_random_string
+
+__all__ = [
+    "RayClassWithInitArgs",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "ResourcePoolManager",
+    "SubRayResourcePool",
+    "create_colocated_worker_cls",
+    "get_random_string",
+    "merge_resource_pool",
+    "sort_placement_group_by_node_ip",
+    "split_resource_pool",
+]
