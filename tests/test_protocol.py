@@ -283,6 +283,10 @@ def test_union_helpers_directly():
     """union_tensor_dict needs equal batch sizes; union_numpy_dict compares object arrays deeply."""
     with pytest.raises(ValueError, match="identical batch sizes"):
         union_tensor_dict(TensorDict({}, batch_size=(2,)), TensorDict({}, batch_size=(3,)))
+    # numbers compare by value across python / numpy types, NaN equals NaN, bools only equal bools
+    assert union_numpy_dict({"n": np.array([1.0], dtype=object)}, {"n": np.array([np.float64(1.0)], dtype=object)})
+    with pytest.raises(ValueError, match="'b'"):
+        union_numpy_dict({"b": np.array([True], dtype=object)}, {"b": np.array([1], dtype=object)})
     a = {"o": np.array([{"k": [1, float("nan")]}], dtype=object)}
     b = {"o": np.array([{"k": [1, float("nan")]}], dtype=object)}
     assert union_numpy_dict(a, b) is a

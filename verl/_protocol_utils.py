@@ -12,6 +12,7 @@ Public names are re-exported from ``verl.protocol`` (their upstream home).
 from __future__ import annotations
 
 import logging
+import numbers
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,7 +57,10 @@ def _tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _deep_equal(a: Any, b: Any) -> bool:
     """Structural equality where NaN == NaN, numpy arrays compare by dtype/shape/content (recursively for
-    ``dtype=object``), and dicts / lists / tuples compare element-wise."""
+    ``dtype=object``), dicts / lists / tuples compare element-wise, and real numbers compare by value
+    (``1.0 == np.float64(1.0)``; bools only equal bools)."""
+    if _is_real(a) and _is_real(b) and isinstance(a, bool | np.bool_) == isinstance(b, bool | np.bool_):
+        return bool(a == b) or (a != a and b != b)  # NaN is the only value not equal to itself
     if type(a) is not type(b):
         return False
     if isinstance(a, np.ndarray):
@@ -65,8 +69,6 @@ def _deep_equal(a: Any, b: Any) -> bool:
         if a.dtype == object:
             return all(_deep_equal(x, y) for x, y in zip(a.flat, b.flat))
         return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-    if isinstance(a, float):
-        return a == b or (a != a and b != b)  # NaN is the only value not equal to itself
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_deep_equal(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple):
@@ -74,6 +76,10 @@ def _deep_equal(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return _tensors_equal(a, b)
     return bool(a == b)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real | np.bool_)
 
 
 def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str, np.ndarray]) -> dict:

@@ -32,46 +32,28 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from torch.utils.data import DataLoader
 
-from verl._protocol_future import DataProtoFuture, all_gather_data_proto
-from verl._protocol_utils import (
-    _as_index,
-    _deep_equal,
-    _restore_device,
-    _split_bounds,
-    _to_object_array,
-    collate_fn,
-    deserialize_single_tensor,
-    deserialize_tensordict,
-    fold_batch_dim,
-    pad_dataproto_to_divisor,
-    serialize_single_tensor,
-    serialize_tensordict,
-    unfold_batch_dim,
-    union_numpy_dict,
-    union_tensor_dict,
-    unpad_dataproto,
-)
+# Upstream helpers importable from here (``name as name`` marks a re-export); they live in
+# verl._protocol_utils / verl._protocol_future so that this file is about the DataProto class itself.
+from verl._protocol_future import DataProtoFuture as DataProtoFuture
+from verl._protocol_future import all_gather_data_proto as all_gather_data_proto
+from verl._protocol_utils import _as_index, _deep_equal, _restore_device, _split_bounds, _to_object_array
+from verl._protocol_utils import collate_fn as collate_fn
+from verl._protocol_utils import deserialize_single_tensor as deserialize_single_tensor
+from verl._protocol_utils import deserialize_tensordict as deserialize_tensordict
+from verl._protocol_utils import fold_batch_dim as fold_batch_dim
+from verl._protocol_utils import pad_dataproto_to_divisor as pad_dataproto_to_divisor
+from verl._protocol_utils import serialize_single_tensor as serialize_single_tensor
+from verl._protocol_utils import serialize_tensordict as serialize_tensordict
+from verl._protocol_utils import unfold_batch_dim as unfold_batch_dim
+from verl._protocol_utils import union_numpy_dict as union_numpy_dict
+from verl._protocol_utils import union_tensor_dict as union_tensor_dict
+from verl._protocol_utils import unpad_dataproto as unpad_dataproto
 from verl.utils.py_functional import list_of_dict_to_dict_of_list, union_two_dict
 
 __all__ = ["DataProto", "union_tensor_dict"]
 
 # Name of the dispatch-internal kwarg that carries the number of padded rows (popped by the worker group).
 _padding_size_key = "_padding_size_key_x123d"
-
-# Upstream helpers importable from here; they live in verl._protocol_utils / verl._protocol_future so that this
-# file is about the DataProto class itself.
-_REEXPORTED = (
-    DataProtoFuture,
-    all_gather_data_proto,
-    collate_fn,
-    deserialize_single_tensor,
-    fold_batch_dim,
-    pad_dataproto_to_divisor,
-    serialize_single_tensor,
-    unfold_batch_dim,
-    union_numpy_dict,
-    unpad_dataproto,
-)
 
 
 class _DataProtoConfigMeta(type):
