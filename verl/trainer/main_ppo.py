@@ -70,7 +70,6 @@ class TaskRunner:
         trust_remote_code = config.data.trust_remote_code
         tokenizer = hf_tokenizer(model_path, trust_remote_code=trust_remote_code)
         processor = hf_processor(model_path, trust_remote_code=trust_remote_code, use_fast=True)
-        reward_kwargs = OmegaConf.to_container(config.reward_model.reward_kwargs, resolve=True)
         train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, True)
         trainer = RayPPOTrainer(
             config=config,
@@ -78,8 +77,8 @@ class TaskRunner:
             processor=processor,
             role_worker_mapping=self.role_worker_mapping(config),
             resource_pool_manager=self.resource_pool_manager(config),
-            reward_fn=load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs),
-            val_reward_fn=load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs),
+            reward_fn=load_reward_manager(config, tokenizer, num_examine=0),
+            val_reward_fn=load_reward_manager(config, tokenizer, num_examine=1),
             train_dataset=train_dataset,
             val_dataset=create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, False),
             collate_fn=collate_fn,
@@ -143,7 +142,7 @@ def create_rl_sampler(data_config, dataset):
 
     if data_config.shuffle:
         generator = torch.Generator()
-        generator.manual_seed(data_config.seed)
+        generator.manual_seed(data_config.seed if data_config.seed is not None else 1)
         return RandomSampler(data_source=dataset, generator=generator)
     return SequentialSampler(data_source=dataset)
 

@@ -69,7 +69,7 @@ def make_rows(num_rows: int, seed: int, split: str) -> list[dict]:
     rows = []
     for index in range(num_rows):
         a, b = rng.randint(0, 9), rng.randint(0, 9)
-        question = f"what is {a} + {b} mod 10? answer with one digit."
+        question = f"what is {a}+{b} mod 10? one digit."
         rows.append(
             {
                 "data_source": DATA_SOURCE,
@@ -109,8 +109,8 @@ def main_ppo_command(out_dir: Path, extra_overrides: list[str]) -> list[str]:
         f"actor_rollout_ref.model.path={out_dir / 'model'}",
         f"data.train_files={out_dir / 'data' / 'train.parquet'}",
         f"data.val_files={out_dir / 'data' / 'test.parquet'}",
-        f"custom_reward_function.path={Path(__file__).resolve()}",
-        "custom_reward_function.name=score",
+        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
+        "reward.custom_reward_function.name=score",
         f"trainer.default_local_dir={out_dir / 'checkpoints'}",
         f"trainer.log_dir={out_dir / 'logs'}",
         *extra_overrides,
