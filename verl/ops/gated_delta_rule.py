@@ -122,17 +122,17 @@ def _recurrence(parts, layout: _ChunkLayout, state: torch.Tensor):
     ``state`` is ``(N, H, K, V)`` in rank order. Returns the chunk outputs ``(num_chunks, H, C, V)`` (chunk-id
     order) and the final states ``(N, H, K, V)`` in rank order.
     """
-    u, w, q_dec, local, k_tail, chunk_decay = parts
-    outputs, finished, start = [], [], 0
-    for count in layout.step_counts:
+    # One split per tensor, not a slice per step: the backward of a slice materialises a zero gradient of the whole
+    # tensor, which made a long single sequence quadratic in its number of chunks; split's backward is one cat.
+    steps = zip(*(x.split(layout.step_counts) for x in parts))
+    outputs, finished = [], []
+    for count, (u, w, q_dec, local, k_tail, chunk_decay) in zip(layout.step_counts, steps):
         if count < state.shape[0]:  # the shortest sequences ran out of chunks: their state is final
             finished.append(state[count:])
             state = state[:count]
-        step = slice(start, start + count)
-        start += count
-        delta = u[step] - w[step] @ state
-        outputs.append(q_dec[step] @ state + local[step] @ delta)
-        state = state * chunk_decay[step][..., None, None] + k_tail[step].transpose(-1, -2) @ delta
+        delta = u - w @ state
+        outputs.append(q_dec @ state + local @ delta)
+        state = state * chunk_decay[..., None, None] + k_tail.transpose(-1, -2) @ delta
     finished.append(state)
     return torch.cat(outputs), torch.cat(finished[::-1])
 
