@@ -257,3 +257,19 @@ def test_legacy_reward_keys_are_migrated_by_validate_config():
     cfg = validate("custom_reward_function.path=/tmp/my_reward.py", "reward_model.reward_manager=dapo")
     assert cfg.reward.custom_reward_function.path == "/tmp/my_reward.py"
     assert cfg.reward.reward_manager.name == "dapo"
+
+
+def test_entry_point_fails_before_ray_naming_the_key(tmp_path):
+    """`python -m verl.trainer.main_ppo` with a `+` typo exits with the full key in the message and never starts Ray
+    (main_ppo runs validate_config on the driver before ray.init; the batch checks share that path and are covered
+    in-process above)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.rollout.name=hf", "trainer.device=cpu",
+               "+trainer.total_epoch=3", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "trainer.total_epoch: unknown config key. Did you mean: total_epochs" in output, output[-2000:]
+    assert "Started a local Ray instance" not in output
