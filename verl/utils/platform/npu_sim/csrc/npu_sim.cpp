@@ -14,8 +14,11 @@
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/histc.h>
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/unfold_native.h>
@@ -284,6 +287,54 @@ void use_device_generator(const c10::OperatorHandle& op, torch::jit::Stack* stac
   }
 }
 
+// ---- convolution: ATen routes non-CPU/CUDA devices to the *_overrideable ops, which have no fallback ------------
+
+void check_tensors_same_device(const char* op, std::initializer_list<const at::Tensor*> tensors) {
+  DeviceSeen seen;
+  for (const auto* t : tensors) note_tensor(*t, seen, false);
+  if (seen.npu && seen.cpu) {
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                seen.npu->str(), " and cpu! (simulated Ascend, in ", op, ")");
+  }
+}
+
+at::Tensor on_host(const at::Tensor& t) { return t.defined() ? host_view(t).clone() : t; }
+at::Tensor to_npu(const at::Tensor& t, c10::Device device) { return t.defined() ? t.to(device) : t; }
+
+at::Tensor sim_convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                           c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                           bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
+  const at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+  check_tensors_same_device("aten::convolution_overrideable", {&input, &weight, &b});
+  auto out = at::convolution(on_host(input), on_host(weight), b.defined() ? std::optional<at::Tensor>(on_host(b))
+                                                                           : std::nullopt,
+                             stride, padding, dilation, transposed, output_padding, groups);
+  return out.to(input.device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sim_convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  check_tensors_same_device("aten::convolution_backward_overrideable", {&grad_output, &input, &weight});
+  const int64_t bias_size = transposed ? weight.size(1) * groups : weight.size(0);
+  auto [gi, gw, gb] = at::convolution_backward(on_host(grad_output), on_host(input), on_host(weight),
+                                               std::vector<int64_t>{bias_size}, stride, padding, dilation, transposed,
+                                               output_padding, groups, output_mask);
+  const auto device = input.device();
+  return {to_npu(gi, device), to_npu(gw, device), to_npu(gb, device)};
+}
+
+// ---- kernels whose CPU version lacks dtypes the accelerator kernels accept ------------------------------------------
+
+at::Tensor sim_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  // Accelerator histc counts integer inputs too (HF's grouped-mm MoE relies on it); the CPU kernel is float-only.
+  const auto host = host_view(self);
+  const auto counts = at::histc(c10::isIntegralType(self.scalar_type(), true) ? host.to(at::kFloat) : host, bins,
+                                min, max);
+  return counts.to(self.scalar_type()).to(self.device());
+}
+
 void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_same_device(op, stack);
   use_device_generator(op, stack);
@@ -359,6 +410,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
   m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
   m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("convolution_overrideable", &sim_convolution);
+  m.impl("histc", &sim_histc);
+  m.impl("convolution_backward_overrideable", &sim_convolution_backward);
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
