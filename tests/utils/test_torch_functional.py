@@ -13,10 +13,11 @@ LN3 = math.log(3.0)
 
 
 def test_import_is_inert():
-    """Importing torch_functional imports neither flash_attn, torch_npu nor transformers (no import-time probing)."""
+    """Importing torch_functional imports neither flash_attn, torch_npu, transformers nor tensordict
+    (no import-time probing, cheap to import)."""
     code = (
         "import sys, verl.utils.torch_functional as F; "
-        "print(any(m.split('.')[0] in {'flash_attn', 'torch_npu', 'transformers'} for m in sys.modules))"
+        "print(any(m.split('.')[0] in {'flash_attn', 'torch_npu', 'transformers', 'tensordict'} for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -113,64 +113,73 @@ def _rows(temperature: _RowTemperature, start: int, end: int) -> _RowTemperature
 def _chunk_statistics(
     z: torch.Tensor, labels: torch.Tensor | None, compute_entropy: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-    """Log-probs, logsumexp and entropy of one chunk of scaled fp32 logits.
+    """Log-probs, logsumexp and entropy of one chunk of scaled logits.
+
+    With m = max z, z' = z - m, e = exp(z'), s = sum e:  lse = m + log s,  log p(y) = z'_y - log s,
+    entropy = log s - (e . z') / s. Five passes over the chunk; at most two (C, V) buffers are alive.
 
     Args:
-        z: (C, V) fp32 scaled logits, owned by the caller and overwritten with log p (saves one (C, V) buffer).
+        z: (C, V) scaled logits in the compute dtype, owned by the caller (shifted in place).
         labels: (C,) int64 token ids or None.
         compute_entropy: whether to return the entropy.
 
     Returns:
-        log_probs (C,) or None, lse (C,), entropy (C,) or None. At most two (C, V) fp32 buffers are alive.
+        log_probs (C,) or None, lse (C,), entropy (C,) or None.
     """
     row_max = z.amax(dim=-1, keepdim=True)
-    z.sub_(row_max)  # shift for a stable exp
-    probs = z.exp()
-    sum_exp = probs.sum(dim=-1, keepdim=True)
+    shifted = z.sub_(row_max)
+    exp_shifted = shifted.exp()
+    sum_exp = exp_shifted.sum(dim=-1)
     log_sum_exp = sum_exp.log()
-    z.sub_(log_sum_exp)  # z now holds log p
-    lse = (row_max + log_sum_exp).squeeze(-1)
-    log_probs = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) if labels is not None else None
+    lse = row_max.squeeze(-1) + log_sum_exp
+    log_probs = None
+    if labels is not None:
+        log_probs = shifted.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - log_sum_exp
     entropy = None
     if compute_entropy:
-        probs.div_(sum_exp)
-        # (C, 1, V) @ (C, V, 1): the row-wise dot product sum_v p_v log p_v without a third (C, V) buffer
-        entropy = -torch.bmm(probs.unsqueeze(1), z.unsqueeze(-1)).reshape(-1)
+        # (C, 1, V) @ (C, V, 1): the row-wise dot product e . z' without a third (C, V) buffer
+        dot = torch.bmm(exp_shifted.unsqueeze(1), shifted.unsqueeze(-1)).reshape(-1)
+        entropy = log_sum_exp - dot / sum_exp
     return log_probs, lse, entropy
 
 
-def _chunk_grad_scaled_logits(
+def _chunk_grad_logits(
     z: torch.Tensor,
     lse: torch.Tensor,
     labels: torch.Tensor | None,
     entropy: torch.Tensor | None,
     grad_log_probs: torch.Tensor | None,
     grad_entropy: torch.Tensor | None,
+    temperature: _RowTemperature,
 ) -> torch.Tensor:
-    """Gradient of the loss w.r.t. one chunk of scaled logits z, written into z's buffer.
+    """Gradient of the loss w.r.t. one chunk of *unscaled* logits (z = logits / temperature), in z's buffer.
+
+    With p = softmax(z), g = grad_log_probs / t and h = grad_entropy / t (per row):
+        d loss / d logits = g * (onehot(y) - p) - h * p * (log p + entropy)
+                          = p * (-h * z + c) + g * onehot(y),   c = h * (lse - entropy) - g
+    (log p = z - lse), which costs five passes over the chunk with the temperature folded into g and h.
 
     Args:
-        z: (C, V) fp32 scaled logits (recomputed; overwritten).
-        lse: (C,) logsumexp saved by the forward pass.
-        labels: (C,) token ids or None; entropy: (C,) forward entropy (needed iff grad_entropy is given).
-        grad_log_probs, grad_entropy: (C,) fp32 upstream gradients or None (output unused by the loss).
-
-    Returns:
-        (C, V) fp32: grad_lp * (onehot(y) - p) - grad_ent * p * (log p + entropy).
+        z: (C, V) recomputed scaled logits, compute dtype (overwritten).
+        lse: (C,) logsumexp saved by the forward pass; entropy: (C,) forward entropy (needed iff grad_entropy).
+        labels: (C,) token ids or None.
+        grad_log_probs, grad_entropy: (C,) upstream gradients or None (that output is unused by the loss).
+        temperature: float or (C, 1) tensor.
     """
-    log_p = z.sub_(lse.unsqueeze(-1))
+    lse = lse.unsqueeze(-1)
+    g = grad_log_probs.unsqueeze(-1) / temperature if grad_log_probs is not None else None
     if grad_entropy is None:
-        # only the log-prob term: -g * p, computed in place (one (C, V) buffer)
-        grad = log_p.exp_().mul_(-grad_log_probs.unsqueeze(-1))
+        grad = z.sub_(lse).exp_().mul_(-g)  # only the log-prob term: -g * p, one (C, V) buffer
     else:
-        probs = log_p.exp()
-        coef = log_p.add_(entropy.unsqueeze(-1)).mul_(grad_entropy.unsqueeze(-1))
-        if grad_log_probs is not None:
-            coef.add_(grad_log_probs.unsqueeze(-1))
-        grad = coef.mul_(probs).neg_()
+        h = grad_entropy.unsqueeze(-1) / temperature
+        c = h * (lse - entropy.unsqueeze(-1))
+        if g is not None:
+            c = c - g
+        probs = torch.sub(z, lse).exp_()
+        grad = z.mul_(-h).add_(c).mul_(probs)
         del probs
-    if grad_log_probs is not None and labels is not None:
-        grad.scatter_add_(-1, labels.unsqueeze(-1), grad_log_probs.unsqueeze(-1))
+    if g is not None and labels is not None:
+        grad.scatter_add_(-1, labels.unsqueeze(-1), g)
     return grad
 
 
@@ -181,10 +190,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _scaled_fp32(chunk: torch.Tensor, temperature: _RowTemperature) -> torch.Tensor:
     """A fresh fp32 (fp64 for fp64 input) copy of `chunk` divided by the temperature; the input is untouched."""
-    z = chunk.to(_compute_dtype(chunk.dtype), copy=True)
-    if isinstance(temperature, torch.Tensor) or temperature != 1.0:
-        z.div_(temperature)
-    return z
+    dtype = _compute_dtype(chunk.dtype)
+    if not isinstance(temperature, torch.Tensor) and temperature == 1.0:
+        return chunk.to(dtype, copy=True)
+    if chunk.dtype == dtype:
+        return torch.div(chunk, temperature)  # one pass, a new buffer
+    return chunk.to(dtype).div_(temperature)
 
 
 def _flat_grad(grad: torch.Tensor | None, total: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -245,19 +256,15 @@ class LogProbEntropyFunction(torch.autograd.Function):
         grad_logits = torch.empty_like(logits)
         for start, end in _chunks(num_tokens, ctx.chunk_size):
             rows_t = _rows(temperature, start, end)
-            z = _scaled_fp32(logits[start:end], rows_t)
-            grad_z = _chunk_grad_scaled_logits(
-                z,
+            grad_logits[start:end] = _chunk_grad_logits(
+                _scaled_fp32(logits[start:end], rows_t),
                 lse[start:end],
                 labels[start:end] if labels is not None else None,
                 entropy[start:end] if entropy is not None else None,
                 grad_log_probs[start:end] if grad_log_probs is not None else None,
                 grad_entropy[start:end] if grad_entropy is not None else None,
+                rows_t,
             )
-            if isinstance(rows_t, torch.Tensor) or rows_t != 1.0:
-                grad_z.div_(rows_t)  # chain rule through z = logits / temperature
-            grad_logits[start:end] = grad_z
-            del z, grad_z
         return grad_logits, None, None, None, None
 
 
@@ -341,16 +348,15 @@ def _fused_backward(ctx, grad_log_probs, grad_entropy):
     for start, end in _chunks(num_tokens, ctx.chunk_size):
         rows_t = _rows(temperature, start, end)
         hidden_chunk = hidden[start:end]
-        grad_z = _chunk_grad_scaled_logits(
+        grad_z = _chunk_grad_logits(
             _chunk_logits(hidden_chunk, weight, rows_t),
             lse[start:end],
             labels[start:end],
             entropy[start:end] if entropy is not None else None,
             grad_log_probs[start:end] if grad_log_probs is not None else None,
             grad_entropy[start:end] if grad_entropy is not None else None,
+            rows_t,
         )
-        if isinstance(rows_t, torch.Tensor) or rows_t != 1.0:
-            grad_z.div_(rows_t)  # d z / d logits = 1 / temperature
         if need_hidden:
             grad_hidden[start:end] = grad_z.to(weight.dtype) @ weight
         if need_weight:

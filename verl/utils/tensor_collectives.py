@@ -6,12 +6,14 @@ All collectives take an explicit process group (None = the default group) and wo
 
 from __future__ import annotations
 
-from typing import Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
 from torch import nn
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 __all__ = [
     "allgather_dict_into_dict",
@@ -23,7 +25,14 @@ __all__ = [
     "split_dict_tensor_into_batches",
 ]
 
-TensorMap = Union[dict[str, torch.Tensor], TensorDict]
+TensorMap = Union[dict[str, torch.Tensor], "TensorDict"]
+
+
+def _is_tensordict(value: Any) -> bool:
+    # tensordict costs ~2 s to import; only look it up when a caller may actually hold one
+    from tensordict import TensorDict
+
+    return isinstance(value, TensorDict)
 
 
 def compute_grad_norm(model: nn.Module) -> float:
@@ -47,7 +56,7 @@ def allgather_dict_tensors(tensors: TensorMap, size: int, group: dist.ProcessGro
     A TensorDict input gives a TensorDict with batch size `batch_size[0] * size` (upstream semantics: gather on
     dim 0); a dict gives a dict.
     """
-    is_tensordict = isinstance(tensors, TensorDict)
+    is_tensordict = _is_tensordict(tensors)
     source = tensors.to_dict() if is_tensordict else tensors
     output = {}
     for key in sorted(source.keys()):
@@ -56,6 +65,8 @@ def allgather_dict_tensors(tensors: TensorMap, size: int, group: dist.ProcessGro
         dist.all_gather(parts, value.contiguous(), group=group, async_op=False)
         output[key] = torch.cat(parts, dim=dim)
     if is_tensordict:
+        from tensordict import TensorDict
+
         return TensorDict(source=output, batch_size=[tensors.batch_size[0] * size])
     return output
 
