@@ -4,7 +4,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from verl.models.transformers.packed_forward import forward_packed, forward_padded, get_lm_head
+from verl.models.transformers.packed_forward import (
+    forward_packed,
+    forward_padded,
+    get_lm_head,
+    packed_attention_kwargs,
+)
 from verl.utils.packing import pack_padded_batch, unpack_to_padded
 
 pytestmark = pytest.mark.tf_compat
@@ -145,9 +150,9 @@ def test_model_receives_contiguous_tensors_and_no_mask_no_cache():
     finally:
         handle.remove()
     assert seen["attention_mask"] is None and seen["use_cache"] is False
-    for key in ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
+    for key in ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "verl_cu_seqlens"):
         assert seen[key].is_contiguous(), key
-    assert seen["cu_seq_lens_q"].dtype == torch.int32
+    assert seen["cu_seq_lens_q"].dtype == torch.int32 and seen["verl_cu_seqlens"].tolist() == packed.cu_seqlens.tolist()
     assert seen["max_length_q"] == max(LENGTHS)
 
 
@@ -164,3 +169,22 @@ def test_forward_packed_rejects_bad_cu_seqlens_and_three_row_mrope():
     packed.position_ids = packed.position_ids.unsqueeze(0).expand(3, 1, -1).contiguous()
     with pytest.raises(ValueError, match="4 rows"):
         forward_packed(model, packed)
+
+
+def test_flash_kwargs_are_left_out_with_vision_inputs():
+    """With pixel inputs only verl_cu_seqlens is passed: the vision tower's flash attention passes its own
+    cu_seq_lens_q/k and would otherwise receive them twice (text-only inputs get both kinds)."""
+    ids, mask, pos, _ = _batch()
+    packed = pack_padded_batch(ids, mask, pos)
+    assert set(packed_attention_kwargs(packed)) == {
+        "verl_cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"
+    }  # fmt: skip
+    assert set(packed_attention_kwargs(packed, flash_kwargs=False)) == {"verl_cu_seqlens"}
+    seen = {}
+    model = _tiny("llama", "sdpa")
+    model.register_forward_pre_hook(
+        lambda m, a, kw: seen.update(kw) or (a, {**kw, "pixel_values": None}), with_kwargs=True
+    )
+    with torch.no_grad():
+        forward_packed(model, packed, pixel_values=torch.zeros(1))
+    assert "verl_cu_seqlens" in seen and "cu_seq_lens_q" not in seen
