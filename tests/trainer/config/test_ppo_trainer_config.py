@@ -1,9 +1,11 @@
 """Keys that mean the same thing in different nodes are one setting (field report item 9 for the FSDP strategy)."""
 
 import pickle
+from pathlib import Path
 
 import pytest
 
+import verl
 from verl.trainer.config import ActorRolloutRefConfig, PPOTrainerConfig
 from verl.trainer.config.legacy_reward import migrate_legacy_reward_impl
 from verl.utils.config import omega_conf_to_dataclass
@@ -90,22 +92,42 @@ def test_remove_padding_link_between_model_and_actor(compose_config):
     assert cfg.actor_rollout_ref.model.use_remove_padding is False
 
 
+def test_engine_level_sequence_parallel_reaches_actor_and_ref(compose_config):
+    """Upstream NPU scripts set only actor.fsdp_config.ulysses_sequence_parallel_size=2: actor and ref both get SP 2."""
+    cfg = build(compose_config, "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2")
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.ulysses_sequence_parallel_size == arr.ref.ulysses_sequence_parallel_size == 2
+    assert arr.ref.fsdp_config.ulysses_sequence_parallel_size == 2
+
+
 def test_hybrid_engine_is_required():
     """Only the hybrid engine layout exists; hybrid_engine=False is rejected naming the key."""
     with pytest.raises(ValueError, match="^hybrid_engine: only the hybrid engine"):
         ActorRolloutRefConfig(hybrid_engine=False)
 
 
-def test_ref_sequence_parallel_needs_remove_padding():
-    """ref.ulysses_sequence_parallel_size > 1 needs model.use_remove_padding (checked where both are known)."""
+def test_sequence_parallel_needs_remove_padding_with_node_path():
+    """ref SP 2 reaches the actor (one mesh), whose check then names actor.ulysses_sequence_parallel_size."""
     from verl.workers.config import HFModelConfig
 
-    with pytest.raises(ValueError, match=r"^ref\.ulysses_sequence_parallel_size"):
+    with pytest.raises(ValueError, match=r"^actor\.ulysses_sequence_parallel_size: \(2\) > 1 needs the packed"):
         ActorRolloutRefConfig(
             model=HFModelConfig(use_remove_padding=False),
             actor=FSDPActorConfig(use_remove_padding=False),
             ref=FSDPRefConfig(ulysses_sequence_parallel_size=2),
         )
+
+
+def test_quickstart_overlay_validates(compose_config):
+    """The CPU quickstart overlay (quickstart_cpu.yaml, owned by the trainer) composes on this tree and validates:
+    trainer.device=cpu, rollout.name=hf and strategy fsdp2 in every engine."""
+    from verl.utils.config import validate_config
+
+    if not (Path(verl.__file__).parent / "trainer" / "config" / "quickstart_cpu.yaml").exists():
+        pytest.skip("quickstart_cpu.yaml not present")
+    cfg = validate_config(compose_config(config_name="quickstart_cpu"), use_reference_policy=False, use_critic=False)
+    assert cfg.trainer.device == "cpu" and cfg.actor_rollout_ref.rollout.name == "hf"
+    assert cfg.actor_rollout_ref.actor.fsdp_config.strategy == cfg.actor_rollout_ref.ref.fsdp_config.strategy == "fsdp2"
 
 
 def test_whole_config_pickles_for_ray(compose_config):

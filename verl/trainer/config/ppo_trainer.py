@@ -37,16 +37,20 @@ def _get(cfg: BaseConfig, path: str) -> Any:
     return cfg
 
 
-def _with_value(cfg: BaseConfig, path: str, value: Any) -> BaseConfig:
-    """A copy of `cfg` with the value at dotted `path` replaced (intermediate nodes are copied, not mutated)."""
-    head, _, rest = path.partition(".")
-    new_value = _with_value(getattr(cfg, head), rest, value) if rest else value
-    return dataclasses.replace(cfg, **{head: new_value})
-
-
 def _set(cfg: BaseConfig, path: str, value: Any) -> None:
-    head, _, rest = path.partition(".")
-    cfg._normalize(head, _with_value(getattr(cfg, head), rest, value) if rest else value)
+    """Set the value at dotted `path` below `cfg`: intermediate nodes are rebuilt with dataclasses.replace (re-running
+    their checks, whose errors get the node's path), never mutated."""
+    parts = path.split(".")
+    owners = [cfg]
+    for part in parts[:-1]:
+        owners.append(getattr(owners[-1], part))
+    new_value = value
+    for depth in range(len(parts) - 1, 0, -1):
+        try:
+            new_value = dataclasses.replace(owners[depth], **{parts[depth]: new_value})
+        except ConfigError as err:
+            raise err.under(".".join(parts[:depth])) from None
+    cfg._normalize(parts[0], new_value)
 
 
 def _default_at(cfg: BaseConfig, path: str) -> Any:
@@ -116,6 +120,8 @@ class ActorRolloutRefConfig(BaseConfig):
         link_keys(self, "rollout.n", "ref.rollout_n")
         link_keys(self, "model.use_remove_padding", "actor.use_remove_padding")
         link_keys(self, "model.use_fused_kernels", "actor.use_fused_kernels")
+        # One (dp, sp) device mesh serves actor and reference in the legacy worker.
+        link_keys(self, "actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size")
         try:
             check_sequence_parallel(self.ref.ulysses_sequence_parallel_size, self.model.use_remove_padding)
         except ConfigError as err:
