@@ -167,3 +167,16 @@ def test_unsupported_transformers_version_names_the_range(monkeypatch):
     ids, mask, pos, _ = _batch()
     with pytest.raises(RuntimeError, match=r">=5\.4\.0,<6"):
         forward_packed(model, pack_padded_batch(ids, mask, pos))
+
+
+def test_packed_input_with_cache_or_mask_is_refused():
+    """A patched GDN layer refuses packed boundaries together with a cache or a padding mask (both would make the
+    packed row wrong) instead of silently ignoring one of them."""
+    model = _model("qwen3_5")
+    gdn = model.model.layers[0].linear_attn
+    hidden = torch.randn(1, 6, 64)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match="use_cache=False"):
+        gdn(hidden, object(), verl_cu_seqlens=cu)
+    with pytest.raises(ValueError, match="attention_mask=None"):
+        gdn(hidden, attention_mask=torch.ones(1, 6), verl_cu_seqlens=cu)
