@@ -1,5 +1,6 @@
 """omega_conf_to_dataclass and validate_config: unknown keys and bad batch settings fail before Ray, naming the key."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,28 @@ def test_explicit_type_empty_node_and_passthrough():
     assert optim.lr == 1e-5 and optim.betas == [0.9, 0.95]
     assert omega_conf_to_dataclass(None, FSDPOptimizerConfig) == FSDPOptimizerConfig()
     assert omega_conf_to_dataclass(optim) is optim
+
+
+def test_plain_dataclasses_nested_and_from_dotlist():
+    """Any dataclass works (not only BaseConfig): nested fields, dict fields and CLI-style dotlist overrides."""
+
+    @dataclasses.dataclass
+    class Model:
+        hidden_size: int = 0
+        activation: str = "relu"
+
+    @dataclasses.dataclass
+    class Train:
+        batch_size: int = 1
+        model: Model = dataclasses.field(default_factory=Model)
+        override_config: dict = dataclasses.field(default_factory=dict)
+
+    cfg = OmegaConf.merge(
+        OmegaConf.create({"batch_size": 4, "model": {"hidden_size": 8}, "override_config": {"a": 1}}),
+        OmegaConf.from_dotlist(["model.activation=gelu"]),
+    )
+    train = omega_conf_to_dataclass(cfg, Train)
+    assert train == Train(batch_size=4, model=Model(hidden_size=8, activation="gelu"), override_config={"a": 1})
 
 
 def test_unknown_key_in_plain_dict_names_key_and_suggestion():

@@ -109,7 +109,7 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
             _join(path, key),
             f"unknown config key.{closest_names(key, fields)} Valid keys of {path or cls.__name__}: {valid}.",
         )
-    hints = typing.get_type_hints(cls)
+    hints = _field_types(cls)
     kwargs = {key: _coerce(value, hints[key], _join(path, key)) for key, value in data.items()}
     if target:
         kwargs["_target_"] = target
@@ -117,6 +117,15 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
         return cls(**kwargs)
     except ConfigError as err:
         raise err.under(path) from None
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """Resolved field annotations; string annotations that cannot be resolved (a class defined inside a function
+    under `from __future__ import annotations`) are not type-checked."""
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError):
+        return {f.name: Any if isinstance(f.type, str) else f.type for f in dataclasses.fields(cls)}
 
 
 def _coerce(value: Any, annotation: Any, path: str) -> Any:
