@@ -214,3 +214,26 @@ def test_every_yaml_key_has_a_comment_above():
                 if not previous.startswith("#"):
                     undocumented.append(f"{path.relative_to(CONFIG_DIR)}:{i + 1}: {line.strip()}")
     assert undocumented == []
+
+
+ALLOWED_KEYS_FILE = Path(__file__).parent / "allowed_keys.txt"
+
+
+def test_config_surface_is_the_reviewed_list(compose_config):
+    """Every key of the composed tree (legacy placeholders included) is listed in allowed_keys.txt and vice versa,
+    so a new knob or a dropped upstream key is a reviewed decision. After an intended change regenerate with
+    `cd tests/trainer/config && python -c "import test_yaml_defaults as t; t.write_allowed_keys()"`."""
+    assert _surface(compose_config) == ALLOWED_KEYS_FILE.read_text().split()
+
+
+def _surface(compose_config):
+    tree, legacy = _composed_tree(compose_config)
+    keys = set(_leaves(tree)) | {f"{s}.{k}" for s, node in legacy.items() for k in _leaves(node)}
+    return sorted(keys)
+
+
+def write_allowed_keys():  # pragma: no cover - maintenance helper
+    """Rewrite allowed_keys.txt from the current tree (run by hand after a reviewed key change)."""
+    from conftest import compose_ppo
+
+    ALLOWED_KEYS_FILE.write_text("\n".join(_surface(compose_ppo)) + "\n")
