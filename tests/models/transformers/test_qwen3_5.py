@@ -157,15 +157,17 @@ def test_full_attention_only_model_is_skipped_with_reason():
 
 
 def test_unsupported_transformers_version_names_the_range(monkeypatch):
-    """Outside the supported transformers range the patch is skipped and packed training refuses the model with a
-    message naming the range (padded training still works: HF's own GDN handles padding)."""
+    """Outside the supported transformers range the required varlen patch cannot apply, so building the model for
+    training stops with a message naming the supported range (instead of training on leaking packed sequences)."""
     from packaging.version import Version
 
     monkeypatch.setattr("verl.models.transformers.patch_registry._transformers_version", lambda: Version("6.0.0"))
     model = _model("qwen3_5", patched=False)
-    apply_patches(model, platform="cpu", report=False)
+    with pytest.raises(RuntimeError, match=r"qwen3_5-varlen-gdn.*>=5\.4\.0,<6"):
+        apply_patches(model, platform="cpu", report=False)
+    # Without the patch, packed training still refuses the model.
     ids, mask, pos, _ = _batch()
-    with pytest.raises(RuntimeError, match=r">=5\.4\.0,<6"):
+    with pytest.raises(RuntimeError, match=r">=5\.4\.0,<6|varlen"):
         forward_packed(model, pack_padded_batch(ids, mask, pos))
 
 

@@ -139,7 +139,12 @@ def _transformers_version() -> Version:
 
 def _apply_one(patch: ModelPatch, model: nn.Module, tf_version: Version) -> PatchStatus:
     if tf_version not in SpecifierSet(patch.transformers):
-        reason = f"transformers {tf_version} is outside the tested range {patch.transformers}"
+        reason = f"transformers {tf_version} is outside the supported range {patch.transformers}"
+        if patch.required:
+            raise RuntimeError(
+                f"required model patch {patch.name!r} cannot be applied: {reason}. Install a supported version, "
+                f"e.g. pip install 'transformers{patch.transformers}'"
+            )
         return PatchStatus(patch.name, "skipped", reason, patch.required)
     try:
         patch.apply(model)
