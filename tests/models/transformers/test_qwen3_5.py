@@ -167,7 +167,7 @@ def test_unsupported_transformers_version_names_the_range(monkeypatch):
         apply_patches(model, platform="cpu", report=False)
     # Without the patch, packed training still refuses the model.
     ids, mask, pos, _ = _batch()
-    with pytest.raises(RuntimeError, match=r">=5\.4\.0,<6|varlen"):
+    with pytest.raises(RuntimeError, match="apply the model patches"):
         forward_packed(model, pack_padded_batch(ids, mask, pos))
 
 
