@@ -32,9 +32,11 @@ def main(config: DictConfig) -> None:
 
 def prepare_config(config: DictConfig) -> DictConfig:
     """Resolve the device and validate the whole config on the driver (raises ``ValueError`` naming the key)."""
+    from verl.trainer.config.legacy_reward import migrate_legacy_reward_impl
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device, validate_device
 
+    config = migrate_legacy_reward_impl(config)
     auto_set_device(config)
     validate_device(config.trainer.device)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
