@@ -150,3 +150,15 @@ def test_without_fixture_platform_is_cpu():
     with pytest.raises(ImportError):
         import torch_npu  # noqa: F401
     assert get_device_name() == "cpu"
+
+
+def test_device_count_follows_visible_devices(monkeypatch):
+    """Like the runtime, the simulation sees as many devices as ASCEND_RT_VISIBLE_DEVICES lists."""
+    from verl.utils.platform.npu_sim import simulated_ascend
+
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "2,3,5")
+    with simulated_ascend():
+        assert torch.npu.device_count() == 3
+        assert torch.ones(1, device="npu:2").device == torch.device("npu", 2)
+        with pytest.raises(RuntimeError, match="Invalid device ordinal npu:3"):
+            torch.ones(1, device="npu:3")

@@ -27,12 +27,13 @@ or, in pytest, the ``npu_sim`` fixture from :mod:`verl.utils.platform.npu_sim.py
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["install", "is_installed", "simulated_ascend", "uninstall"]
+__all__ = ["install", "is_installed", "ray_worker_setup_hook", "simulated_ascend", "uninstall"]
 
 _installed = False
 
@@ -50,13 +51,21 @@ def _ensure_backend_registered(device_count: int) -> None:
         )
 
 
-def install(device_count: int = 1) -> None:
+def _visible_device_count() -> int:
+    # Like the real runtime, a process sees the devices listed in ASCEND_RT_VISIBLE_DEVICES (all = 1 here).
+    value = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
+    return max(1, len([v for v in value.split(",") if v.strip()]))
+
+
+def install(device_count: int | None = None) -> None:
     """Install the simulated Ascend in this process: ``torch.npu``, ``torch_npu``, the ``hccl`` stand-in.
 
-    Re-selects the platform (``verl.utils.platform.reset_platform``) so detection now finds ``npu``.
-    Raises RuntimeError if a real ``torch_npu`` is already loaded (never mix the two).
+    ``device_count`` defaults to the number of ids in ``ASCEND_RT_VISIBLE_DEVICES`` (1 when unset). Re-selects the
+    platform (``verl.utils.platform.reset_platform``) so detection now finds ``npu``. Raises RuntimeError if a real
+    ``torch_npu`` is already loaded (never mix the two).
     """
     global _installed
+    device_count = _visible_device_count() if device_count is None else device_count
     if _installed:
         torch.ops.npu_sim.set_device_count(device_count)
         return
@@ -89,6 +98,12 @@ def uninstall() -> None:
     _reset_platform()
 
 
+def ray_worker_setup_hook() -> None:
+    """For Ray: ``runtime_env={"worker_process_setup_hook": "verl.utils.platform.npu_sim.ray_worker_setup_hook"}``
+    installs the simulation in every worker process before it runs user code."""
+    install()
+
+
 def is_installed() -> bool:
     return _installed
 
@@ -100,7 +115,7 @@ def _reset_platform() -> None:
 
 
 @contextlib.contextmanager
-def simulated_ascend(device_count: int = 1) -> Iterator[None]:
+def simulated_ascend(device_count: int | None = None) -> Iterator[None]:
     """Run the block with the simulated Ascend installed (and the platform re-detected as ``npu``)."""
     already = _installed
     install(device_count)
