@@ -1,0 +1,253 @@
+"""Actor -> vLLM weight sync (verl/workers/sharding_manager/vllm_weight_sync.py) against the fake vLLM Qwen3.5-MoE
+engine of tests/utils/vllm/fake_vllm_qwen3_5.py: plain, FSDP1, FSDP2 and FSDP2 with parameter offload."""
+
+import importlib.util
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from verl.models.tiny import build_tiny_model
+from verl.workers.sharding_manager.vllm_weight_sync import (
+    FSDPVLLMShardingManager,
+    group_by_layer,
+    iter_full_tensors,
+    iter_vllm_weights,
+    load_weights_into_vllm,
+    sync_actor_weights_to_vllm,
+)
+
+FAKE_PATH = Path(__file__).parents[2] / "utils" / "vllm" / "fake_vllm_qwen3_5.py"
+
+
+def fake_vllm():
+    name = "fake_vllm_qwen3_5"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, FAKE_PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def tiny(kind: str = "qwen3_5_moe"):
+    # moe_intermediate 16: expert slots are not square, so a layout mix-up cannot go unnoticed
+    return build_tiny_model(kind, vocab_size=96, seed=0, moe_intermediate_size=16)
+
+
+def engine_tensors_in_hf_layout(engine) -> dict[str, torch.Tensor]:
+    """Un-stack the fake engine's parameters back to HF (fused-expert) names, undoing Ascend's transpose.
+
+    in_proj_qkvz rows = [qkv | z] (sizes 2*key_dim + value_dim, value_dim); in_proj_ba = [b | a]; qkv_proj =
+    [q | k | v]; gate_up_proj = [gate | up]; w13 [E, H, 2I] -> [E, 2I, H]; w2 [E, I, H] -> [E, H, I].
+    """
+    out = {}
+    for name, param in engine.named_parameters():
+        value = param.data
+        if name.endswith("in_proj_qkvz.weight"):
+            z_rows = value.shape[0] - engine_key_value_rows(engine)
+            qkv, z = value.split([value.shape[0] - z_rows, z_rows])
+            out[name.replace("in_proj_qkvz", "in_proj_qkv")], out[name.replace("in_proj_qkvz", "in_proj_z")] = qkv, z
+        elif name.endswith("in_proj_ba.weight"):
+            b, a = value.chunk(2)
+            out[name.replace("in_proj_ba", "in_proj_b")], out[name.replace("in_proj_ba", "in_proj_a")] = b, a
+        elif name.endswith("qkv_proj.weight"):
+            module = engine.get_submodule(name.rsplit(".", 1)[0])
+            for proj, part in zip(("q_proj", "k_proj", "v_proj"), value.split(module.output_sizes), strict=True):
+                out[name.replace("qkv_proj", proj)] = part
+        elif name.endswith("gate_up_proj.weight"):
+            gate, up = value.chunk(2)
+            out[name.replace("gate_up_proj", "gate_proj")], out[name.replace("gate_up_proj", "up_proj")] = gate, up
+        elif name.endswith("w13_weight") or name.endswith("w2_weight"):
+            new = "gate_up_proj" if name.endswith("w13_weight") else "down_proj"
+            out[name.rsplit(".", 1)[0] + "." + new] = value.transpose(1, 2)  # the fake engine is Ascend-like
+        else:
+            out[name] = value
+    return out
+
+
+def engine_key_value_rows(engine) -> int:
+    """Rows of in_proj_qkv: 2 * key_dim + value_dim (the fake keeps them in output_sizes[:3])."""
+    gdn = next(m for n, m in engine.named_modules() if n.endswith("linear_attn.in_proj_qkvz"))
+    return sum(gdn.output_sizes[:3])
+
+
+def assert_engine_holds(engine, hf_state: dict, dtype=torch.float32, prefix_map=()) -> None:
+    got = engine_tensors_in_hf_layout(engine)
+    expected = {}
+    for name, tensor in hf_state.items():
+        for old, new in prefix_map:
+            if name.startswith(old):
+                name = new + name[len(old) :]
+                break
+        expected[name] = tensor
+    assert sorted(got) == sorted(expected)
+    for name, tensor in expected.items():
+        # the engine stores fp32; a bf16 push is exact after the round trip fp32 -> bf16 -> fp32
+        assert torch.equal(got[name], tensor.to(dtype).float()), name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# single process
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_group_by_layer_is_lazy_and_keeps_blocks_together():
+    """Tensors of one block (layers.N / blocks.N) form one group, others are alone, and the input is consumed only
+    as far as the group being yielded (+1 lookahead): the stream never holds more than one layer."""
+    names = ["model.embed.w", "model.layers.0.a", "model.layers.0.b", "model.layers.1.a", "visual.blocks.0.x", "lm.w"]
+    consumed = []
+
+    def stream():
+        for n in names:
+            consumed.append(n)
+            yield n, torch.zeros(1)
+
+    groups = group_by_layer(stream())
+    assert list(next(groups)) == ["model.embed.w"] and len(consumed) == 2
+    assert list(next(groups)) == ["model.layers.0.a", "model.layers.0.b"] and len(consumed) == 4
+    assert [list(g) for g in groups] == [["model.layers.1.a"], ["visual.blocks.0.x"], ["lm.w"]]
+
+
+def test_checkpoint_format_splits_experts_and_casts_floats():
+    """iter_vllm_weights on a plain model yields the checkpoint's per-expert names (E=4 experts x 3 projections
+    replace 2 fused tensors per layer) in the rollout dtype; the values are the HF tensors cast to bf16."""
+    model = tiny()
+    weights = dict(iter_vllm_weights(model, dtype=torch.bfloat16))
+    n_layers, n_experts = 4, 4
+    assert len(weights) == len(model.state_dict()) + n_layers * (3 * n_experts - 2)
+    gate_up = model.model.layers[2].mlp.experts.gate_up_proj.detach()  # [E, 2I, H], gate rows first
+    assert torch.equal(weights["model.layers.2.mlp.experts.3.up_proj.weight"], gate_up[3, 16:].bfloat16())
+    assert all(t.dtype == torch.bfloat16 for t in weights.values())
+    fused = dict(iter_vllm_weights(model, checkpoint_format=False))
+    assert torch.equal(fused["model.layers.2.mlp.experts.gate_up_proj"], gate_up)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5_moe", "qwen3_5_moe_vl"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sync_into_ascend_like_engine(kind, dtype):
+    """A full sync into the vllm-ascend-like engine (expert params re-created transposed, without loader): every
+    engine parameter equals the actor's tensor in the rollout dtype; text and multimodal wrapper."""
+    model = tiny(kind)
+    vllm = fake_vllm()
+    engine = vllm.build_fake_vllm_model(model.config, "ascend")
+    report = sync_actor_weights_to_vllm(model, engine, dtype=dtype)
+    assert len(report.repair.reattached) == 8
+    prefix_map = vllm._HF_TO_VLLM_PREFIXES if kind.endswith("_vl") else ()
+    assert_engine_holds(engine, model.state_dict(), dtype, prefix_map)
+    assert report.num_tensors == len(list(iter_vllm_weights(model)))
+    assert report.num_bytes == sum(t.numel() * dtype.itemsize for _, t in iter_vllm_weights(model))
+
+
+def test_a_second_sync_overwrites_the_first():
+    """After a training step the next sync replaces every value (repair already done, still exact)."""
+    vllm = fake_vllm()
+    model = tiny()
+    engine = vllm.build_fake_vllm_model(model.config, "ascend")
+    sync_actor_weights_to_vllm(model, engine)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    report = sync_actor_weights_to_vllm(model, engine)
+    assert not report.repair.changed
+    assert_engine_holds(engine, model.state_dict())
+
+
+def test_unknown_name_surfaces_from_the_engine():
+    """Names the engine does not know are vLLM's error to raise (KeyError from its params dict), not swallowed."""
+    engine = fake_vllm().build_fake_vllm_model(tiny().config, "cuda")
+    with pytest.raises(KeyError):
+        load_weights_into_vllm(engine, [("model.layers.0.not_a_param.weight", torch.zeros(1))])
+
+
+class _FakeRollout:
+    """The slice of vLLMRollout the sharding manager uses; records the call order."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.calls = []
+        self.config = type("Cfg", (), {"dtype": "bfloat16"})()
+
+    def wake_up(self, tags):
+        self.calls.append(("wake_up", tuple(tags)))
+
+    def sleep(self):
+        self.calls.append(("sleep",))
+
+    def load_weights(self, weights):
+        self.calls.append(("load_weights",))
+        return load_weights_into_vllm(self.engine, weights)
+
+
+def test_sharding_manager_order_and_rng():
+    """Enter: wake weights -> load -> wake KV cache; exit: sleep. The generation RNG stream continues across
+    contexts and is independent of training draws, and the training RNG is restored on exit."""
+    model = tiny()
+    rollout = _FakeRollout(fake_vllm().build_fake_vllm_model(model.config, "ascend"))
+    manager = FSDPVLLMShardingManager(model, rollout, dp_rank=1)
+    torch.manual_seed(7)
+    with manager:
+        first = torch.rand(3)
+    train_draw = torch.rand(3)
+    with manager:
+        second = torch.rand(3)
+    assert rollout.calls == [("wake_up", ("weights",)), ("load_weights",), ("wake_up", ("kv_cache",)), ("sleep",)] * 2
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(3), train_draw)  # training stream untouched by generation draws
+    torch.manual_seed(1001)  # seed 1000 + dp_rank 1
+    assert torch.equal(torch.rand(3), first) and torch.equal(torch.rand(3), second)
+    assert_engine_holds(rollout.engine, model.state_dict(), torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# FSDP1 / FSDP2, world size 2 (gloo)
+# ----------------------------------------------------------------------------------------------------------------
+
+_FP32 = {"param_dtype": torch.float32, "reduce_dtype": torch.float32, "buffer_dtype": torch.float32}
+_SETUPS = (("fsdp", False), ("fsdp2", False), ("fsdp2", True))  # (strategy, parameter offload)
+
+
+def _dist_worker(rank: int, port: int, out: dict) -> None:
+    from verl.utils import fsdp_utils
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        mesh = fsdp_utils.create_device_mesh(2, -1)
+        for strategy, offload in _SETUPS:  # one spawn for all setups: process start-up dominates the cost
+            adapter = fsdp_utils.get_fsdp_adapter(strategy)
+            wrapped = adapter.wrap(tiny(), mesh=mesh, dtypes=_FP32, wrap_policy=None, offload_params=offload)
+            names = [name for name, _ in iter_full_tensors(wrapped)]
+            engine = fake_vllm().build_fake_vllm_model(tiny().config, "ascend")
+            sync_actor_weights_to_vllm(wrapped, engine, dtype=torch.bfloat16)
+            engine_state = {k: v.clone() for k, v in engine_tensors_in_hf_layout(engine).items()}
+            out[(rank, strategy, offload)] = {"names": names, "engine": engine_state}
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.dist
+def test_fsdp_sync_equals_unsharded_model():
+    """FSDP1, FSDP2 and FSDP2 with CPU parameter offload on 2 gloo ranks: the gathered names are the plain model's
+    state-dict names, and every rank's engine receives exactly the single-process model's weights (bf16)."""
+    out = mp.Manager().dict()
+    mp.spawn(_dist_worker, args=(_free_port(), out), nprocs=2, join=True)
+    reference = tiny().state_dict()
+    for strategy, offload in _SETUPS:
+        for rank in (0, 1):
+            result = out[(rank, strategy, offload)]
+            assert result["names"] == list(reference), (strategy, offload)
+            for name, tensor in reference.items():
+                assert torch.equal(result["engine"][name], tensor.bfloat16().float()), (strategy, offload, rank, name)

@@ -1,0 +1,278 @@
+"""Move the trained actor's weights into a colocated vLLM engine (hybrid engine), one layer at a time.
+
+```
+ actor (HF model; plain, FSDP1 or FSDP2; params possibly offloaded to the CPU)
+   │ iter_full_tensors     state_dict() -> per tensor: local shard -> compute device -> rollout dtype -> all-gather
+   │ group_by_layer        consecutive tensors of one decoder/vision block ("...layers.N.")
+   │ to_checkpoint_format  transformers' reverse weight conversion (fused 3-D experts -> per-expert names, renames)
+   ▼
+ vLLM model.load_weights(iterator)     HF name -> vLLM name, stacking, TP slicing: vLLM's own loader
+   (after repair_moe_weight_loaders:   field-report item 1)
+```
+
+Peak extra memory is one layer's full tensors in the rollout dtype: no rank ever holds the whole model, and an
+offloaded shard is moved to the device only for its own all-gather. The checkpoint format is what every vLLM model
+loader is written for (the engine itself was built from that checkpoint); vLLM >= 0.17's Qwen3.5 loader also accepts
+the in-memory fused experts, older loaders of other MoE families do not.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from verl.utils.vllm.patch import WeightLoaderRepair, repair_moe_weight_loaders, unwrap_vllm_model
+
+__all__ = [
+    "FSDPVLLMShardingManager",
+    "WeightSyncReport",
+    "group_by_layer",
+    "iter_full_tensors",
+    "iter_vllm_weights",
+    "load_weights_into_vllm",
+    "sync_actor_weights_to_vllm",
+    "to_checkpoint_format",
+]
+
+logger = logging.getLogger(__name__)
+
+# Wrapper prefixes that may survive in state-dict names (activation checkpointing, torch.compile, FSDP1).
+_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+# "<anything>.layers.7." / ".blocks.3." / ".h.2." -> one decoder or vision block
+_LAYER_RE = re.compile(r"^(.*?\.(?:layers|blocks|h)\.\d+)\.")
+
+
+@dataclass
+class WeightSyncReport:
+    """What one sync moved."""
+
+    num_tensors: int
+    num_bytes: int
+    repair: WeightLoaderRepair
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# trainer side: full tensors, one at a time
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _clean_name(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _sharded_state_dict(module: nn.Module) -> dict[str, Any]:
+    """The module's state dict WITHOUT gathering: DTensor shards for FSDP1 (sharded state-dict type) and FSDP2."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardedStateDictConfig, StateDictType
+
+    if isinstance(module, FullyShardedDataParallel):
+        config = ShardedStateDictConfig(offload_to_cpu=False, _use_dtensor=True)
+        with FullyShardedDataParallel.state_dict_type(module, StateDictType.SHARDED_STATE_DICT, config):
+            return module.state_dict()
+    return module.state_dict()
+
+
+def _full_tensor(value: torch.Tensor, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
+    """Gather one (possibly DTensor-sharded, possibly CPU-offloaded) tensor; floats are cast BEFORE the gather."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        local = _convert(value.to_local(), dtype, device)
+        # An offloaded shard lives on the CPU while the mesh's collective backend needs the device: re-wrap the moved
+        # shard with the same placements and global shape (uneven shards included) and gather that.
+        moved = DTensor.from_local(
+            local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+        )
+        return moved.full_tensor()
+    return _convert(value.detach(), dtype, device)
+
+
+def _convert(tensor: torch.Tensor, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
+    if dtype is not None and tensor.is_floating_point():
+        tensor = tensor.to(dtype)
+    if device is not None:
+        tensor = tensor.to(device)
+    return tensor
+
+
+def iter_full_tensors(
+    module: nn.Module, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` for every state-dict entry of ``module``, in state-dict order.
+
+    Works for a plain module, FSDP1 and FSDP2 (every rank must iterate: the gathers are collectives). Floating
+    tensors are cast to ``dtype``; all tensors end on ``device`` (default: where they are).
+    """
+    device = torch.device(device) if device is not None else None
+    for name, value in _sharded_state_dict(module).items():
+        yield _clean_name(name), _full_tensor(value, dtype, device)
+
+
+def group_by_layer(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+    """Consecutive tensors of the same block (``...layers.N.``, ``...blocks.N.``) as one dict; any other tensor
+    alone. Only one group is alive at a time."""
+    group: dict[str, torch.Tensor] = {}
+    group_key = None
+    for name, tensor in named:
+        match = _LAYER_RE.match(name)
+        key = match.group(1) if match else name
+        if group and key != group_key:
+            yield group
+            group = {}
+        group_key = key
+        group[name] = tensor
+    if group:
+        yield group
+
+
+def _find_hf_model(module: nn.Module) -> nn.Module | None:
+    from transformers import PreTrainedModel
+
+    return next((m for m in module.modules() if isinstance(m, PreTrainedModel)), None)
+
+
+def to_checkpoint_format(hf_model: nn.Module | None, group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One layer's tensors in the checkpoint's names and layout (transformers' reverse weight conversion, e.g.
+    fused ``experts.gate_up_proj [E, 2I, H]`` -> ``experts.{e}.gate_proj.weight [I, H]`` + ``up_proj``)."""
+    if hf_model is None:
+        return group
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return revert_weight_conversion(hf_model, group)
+
+
+def iter_vllm_weights(
+    module: nn.Module,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    checkpoint_format: bool = True,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The actor's weights as vLLM's ``load_weights`` wants them, streamed layer by layer (see module docstring).
+
+    ``checkpoint_format=False`` keeps the HF in-memory names (fused experts), which only recent loaders accept.
+    """
+    hf_model = _find_hf_model(module) if checkpoint_format else None
+    for group in group_by_layer(iter_full_tensors(module, dtype=dtype, device=device)):
+        yield from to_checkpoint_format(hf_model, group).items()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# engine side
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class _Counting:
+    """Counts the tensors and bytes vLLM actually consumes from the weight iterator."""
+
+    def __init__(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._weights = iter(weights)
+        self.num_tensors = 0
+        self.num_bytes = 0
+
+    def __iter__(self) -> _Counting:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        name, tensor = next(self._weights)
+        self.num_tensors += 1
+        self.num_bytes += tensor.numel() * tensor.element_size()
+        return name, tensor
+
+
+def load_weights_into_vllm(vllm_model: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncReport:
+    """Repair the model's MoE weight loaders, then hand ``weights`` to the model's own ``load_weights``."""
+    model = unwrap_vllm_model(vllm_model)
+    repair = repair_moe_weight_loaders(model)
+    counting = _Counting(weights)
+    model.load_weights(counting)
+    return WeightSyncReport(num_tensors=counting.num_tensors, num_bytes=counting.num_bytes, repair=repair)
+
+
+def sync_actor_weights_to_vllm(
+    actor_module: nn.Module,
+    vllm_model: Any,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    checkpoint_format: bool = True,
+) -> WeightSyncReport:
+    """Stream ``actor_module``'s weights (plain/FSDP1/FSDP2, offloaded or not) into ``vllm_model``."""
+    weights = iter_vllm_weights(actor_module, dtype=dtype, device=device, checkpoint_format=checkpoint_format)
+    report = load_weights_into_vllm(vllm_model, weights)
+    logger.info("synced %d tensors (%.1f MiB) into vLLM", report.num_tensors, report.num_bytes / 2**20)
+    return report
+
+
+class FSDPVLLMShardingManager:
+    """Context around generation in the hybrid engine (upstream name).
+
+    Enter: wake the engine's weights, stream the actor's weights in (``rollout.load_weights``: loader repair, vLLM's
+    ``load_weights``, prefix-cache reset), free the gather buffers, wake the KV cache, switch to the generation RNG.
+    Exit: restore the training RNG and put the engine back to sleep (KV cache, and weights where the sleep level
+    discards them), so training gets the memory back.
+
+    ``rollout`` is a :class:`verl.workers.rollout.vllm_rollout.vLLMRollout` (``wake_up(tags)``, ``sleep()``,
+    ``load_weights(weights)``, ``config.dtype``). The generation RNG is seeded with ``seed + dp_rank``: the ranks of
+    one tensor-parallel engine share a dp rank, so their samplers draw the same tokens.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        rollout: Any,
+        *,
+        dp_rank: int = 0,
+        seed: int = 1000,
+        device: torch.device | str | None = None,
+    ) -> None:
+        from verl.utils.fsdp_utils import to_torch_dtype
+
+        self.module = module
+        self.rollout = rollout
+        self.device = device
+        self.dtype = to_torch_dtype(rollout.config.dtype)
+        self._gen_rng_state = _seeded_rng_state(seed + dp_rank)
+        self._train_rng_state: torch.Tensor | None = None
+        self.last_report: WeightSyncReport | None = None
+
+    def __enter__(self) -> FSDPVLLMShardingManager:
+        from verl.utils.device import get_platform
+
+        platform = get_platform()
+        self.rollout.wake_up(tags=["weights"])
+        self.last_report = self.rollout.load_weights(
+            iter_vllm_weights(self.module, dtype=self.dtype, device=self.device)
+        )
+        platform.empty_cache()
+        self.rollout.wake_up(tags=["kv_cache"])
+        self._train_rng_state = platform.get_rng_state()
+        platform.set_rng_state(self._gen_rng_state)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        from verl.utils.device import get_platform
+
+        platform = get_platform()
+        self._gen_rng_state = platform.get_rng_state()
+        platform.set_rng_state(self._train_rng_state)
+        self.rollout.sleep()
+        platform.empty_cache()
+
+
+def _seeded_rng_state(seed: int) -> torch.Tensor:
+    from verl.utils.device import get_platform
+
+    platform = get_platform()
+    saved = platform.get_rng_state()
+    platform.manual_seed(seed)
+    state = platform.get_rng_state()
+    platform.set_rng_state(saved)
+    return state
