@@ -115,3 +115,16 @@ def test_auto_set_device_requires_trainer_section():
     """A config without `trainer` is a user error naming the key."""
     with pytest.raises(ValueError, match="trainer.device"):
         device.auto_set_device(OmegaConf.create({"data": {}}))
+
+
+def test_importing_device_code_loads_neither_torch_npu_nor_the_simulator():
+    """`import verl.utils.device` (and the NPU patch module) has no side effects: no torch_npu, no simulator."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, verl.utils.device, verl.models.transformers.npu_patches; "
+        "print(sorted(m for m in ('torch_npu', 'verl.utils.platform.npu_sim') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

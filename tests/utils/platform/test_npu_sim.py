@@ -162,3 +162,13 @@ def test_device_count_follows_visible_devices(monkeypatch):
         assert torch.ones(1, device="npu:2").device == torch.device("npu", 2)
         with pytest.raises(RuntimeError, match="Invalid device ordinal npu:3"):
             torch.ones(1, device="npu:3")
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch):
+    """Without a C++ compiler the simulation says what it needs instead of failing in the middle of a build."""
+    from verl.utils.platform.npu_sim import build
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler"):
+        build.library_path()

@@ -44,7 +44,12 @@ def _compile_command(compiler: str, output: Path) -> list[str]:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl" / "npu_sim")
+    preferred = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl" / "npu_sim")
+    try:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    except OSError:  # read-only home (some CI runners): build per machine under the temp dir instead
+        return Path(tempfile.gettempdir()) / "verl_npu_sim"
 
 
 def library_path() -> Path:
