@@ -1,0 +1,348 @@
+"""``FSDPEngine`` (FSDP1 / FSDP2) over the shared worker core, with an LM head or a value head (upstream names).
+
+The engine adds no maths of its own: micro-batching, the packed model forward, log-probs/entropy, values, losses
+and the clipped optimizer step are the functions of ``verl.workers.core`` that the legacy ``DataParallelPPOActor``
+calls too (DESIGN.md "Two worker paths, one core"; ``tests/workers/test_legacy_vs_engine.py`` runs both and
+compares). What the engine owns is the lifecycle: build and shard the model, the optimizer and lr schedule, device
+placement (offload), checkpoints and the full-weight stream for the rollout.
+
+Placement (field-report item 10, upstream #5995): with ``param_offload``/``optimizer_offload`` the model and the
+optimizer state live on the CPU between phases and come back for ``train_mode``/``eval_mode``, checkpoints and the
+weight sync, so every tensor of a phase is on one device. FSDP2's ``offload_policy`` (``CPUOffloadPolicy``) owns
+parameter placement itself; the engine then never moves parameters by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Generator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from verl.protocol import DataProto
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.utils.device import get_device_id, get_device_name
+from verl.utils.fsdp_utils import (
+    check_strategy,
+    load_fsdp_model_to_gpu,
+    load_fsdp_optimizer,
+    offload_fsdp_model_to_cpu,
+    offload_fsdp_optimizer,
+)
+from verl.workers.core.losses import MetricAccumulator
+from verl.workers.core.micro_batching import global_batch_info, restore_order, split_micro_batches
+from verl.workers.core.model_forward import LogProbOptions, forward_log_probs, forward_values, multi_modal_kwargs
+from verl.workers.core.optimizer_step import build_lr_scheduler, build_optimizer, clip_grad_and_step
+from verl.workers.engine.base import BaseEngine, EngineRegistry, LossFunction
+from verl.workers.engine.fsdp.module_builder import build_hf_module, wrap_fsdp_module
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FSDPEngine", "FSDPEngineWithLMHead", "FSDPEngineWithValueHead"]
+
+_DEVICES = ("cpu", "cuda", "npu")
+
+
+class FSDPEngine(BaseEngine):
+    """A HF model sharded with FSDP1 (``strategy=fsdp``) or FSDP2 (``fsdp2``), trained through the shared core.
+
+    Args:
+        model_config: ``HFModelConfig`` (actor/ref) or the critic's ``model`` block.
+        engine_config: ``FSDPEngineConfig`` (``*.fsdp_config``); its ``strategy`` is already linked to the role's
+            ``strategy`` key by the config (one key selects FSDP1/FSDP2, field-report item 9).
+        optimizer_config: ``FSDPOptimizerConfig``; None for a forward-only engine (reference policy).
+        checkpoint_config: ``CheckpointConfig`` (``save_contents``/``load_contents``).
+        processing_class: tokenizer/processor written next to HF checkpoints.
+    """
+
+    model_type = ""  # "language_model" | "value_model", set by the concrete classes
+
+    def __init__(
+        self,
+        model_config: Any,
+        engine_config: Any,
+        optimizer_config: Any = None,
+        checkpoint_config: Any = None,
+        *,
+        processing_class: Any = None,
+    ):
+        self.strategy = self._check_strategy(engine_config.strategy)
+        if engine_config.ulysses_sequence_parallel_size > 1:
+            raise ValueError(
+                f"ulysses_sequence_parallel_size={engine_config.ulysses_sequence_parallel_size}: Ulysses sequence "
+                "parallelism is not available in the engine worker path yet; set it to 1"
+            )
+        if model_config.lora_rank > 0:
+            raise ValueError("model.lora_rank > 0: LoRA is not supported by the FSDP engine yet; set lora_rank=0")
+        if not engine_config.forward_only and optimizer_config is None:
+            raise ValueError("a trainable engine needs an optimizer config (the role's `optim` block)")
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.optimizer_config = optimizer_config
+        self.checkpoint_config = checkpoint_config
+        self.processing_class = processing_class
+        self.module: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: Any = None
+        self.checkpoint_manager: FSDPCheckpointManager | None = None
+        self.last_step_skipped = False
+        # CPUOffloadPolicy owns parameter placement: never move parameters by hand then (upstream #5995).
+        self._param_offload = engine_config.param_offload and not engine_config.offload_policy
+        self._optimizer_offload = engine_config.optimizer_offload and not engine_config.forward_only
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+    def initialize(self) -> None:
+        """Load the HF model, shard it, build optimizer + lr schedule + checkpoint manager, offload as configured."""
+        self.module = self._build_sharded_module()
+        if self.model_config.enable_activation_offload:
+            from verl.utils.activation_offload import enable_activation_offloading
+
+            self._activation_offload = enable_activation_offloading(
+                self.module, self.strategy, self.model_config.enable_gradient_checkpointing
+            )
+        if not self.engine_config.forward_only:
+            self.optimizer = build_optimizer(self.module.parameters(), self.optimizer_config)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, self.optimizer_config)
+        self.checkpoint_manager = FSDPCheckpointManager(
+            model=self.module,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            processing_class=self.processing_class,
+            checkpoint_config=self.checkpoint_config,
+        )
+        self.to("cpu", model=self._param_offload, optimizer=self._optimizer_offload)
+
+    @staticmethod
+    def _check_strategy(strategy: str) -> str:
+        return check_strategy(strategy, "fsdp_config.strategy")
+
+    def _build_sharded_module(self) -> nn.Module:
+        """The HF model (patched, gradient checkpointing) sharded by the strategy's FSDP adapter."""
+        dtype = self.engine_config.model_dtype
+        module = build_hf_module(self.model_config, model_type=self.model_type, torch_dtype=dtype)
+        return wrap_fsdp_module(module, self.engine_config)
+
+    @property
+    def is_param_offload_enabled(self) -> bool:
+        return self._param_offload
+
+    @property
+    def is_optimizer_offload_enabled(self) -> bool:
+        return self._optimizer_offload
+
+    def _require_module(self) -> nn.Module:
+        if self.module is None:
+            raise RuntimeError("the engine is not initialised: call initialize() (the worker's init_model) first")
+        return self.module
+
+    def enter_mode(self, mode: str) -> None:
+        """Bring what the phase needs to the device and set train/eval mode (see ``BaseEngineCtx``)."""
+        module = self._require_module()
+        self.to(get_device_name(), model=self._param_offload, optimizer=mode == "train" and self._optimizer_offload)
+        module.train(mode == "train")
+
+    def exit_mode(self, mode: str) -> None:
+        """Offload again what :meth:`enter_mode` loaded."""
+        self.to("cpu", model=self._param_offload, optimizer=mode == "train" and self._optimizer_offload)
+
+    def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True) -> None:
+        """Move parameters (with their gradients: ``grad`` is implied by ``model``) and/or optimizer state."""
+        if device not in _DEVICES:
+            raise ValueError(f"engine.to(device={device!r}): use 'cpu' or the device name ({get_device_name()!r})")
+        module = self._require_module()
+        if model and not self.engine_config.offload_policy:
+            if device == "cpu":
+                offload_fsdp_model_to_cpu(module)
+            else:
+                load_fsdp_model_to_gpu(module)
+        if optimizer and self.optimizer is not None:
+            if device == "cpu":
+                offload_fsdp_optimizer(self.optimizer)
+            else:
+                load_fsdp_optimizer(self.optimizer)
+
+    # ------------------------------------------------------------------------------------------------ compute
+    def forward_step(self, micro_batch: DataProto, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The core's forward of one micro-batch: ``{name: (b, R) tensor}``."""
+        raise NotImplementedError
+
+    def forward_backward_batch(
+        self, data: DataProto, loss_function: LossFunction | None = None, forward_only: bool = False
+    ) -> dict[str, Any]:
+        """Forward (and backward) every micro-batch of ``data`` through the shared core.
+
+        ``data.meta_info``: ``micro_batch_size`` or ``use_dynamic_bsz`` + ``max_token_len`` (per rank), plus what
+        :meth:`forward_step` reads (``temperature``, ``calculate_entropy``). Loss terms are normalised by the
+        global counts of the whole ``data`` (one mini-batch), so the summed gradient is exact for any split.
+        """
+        self._require_module()
+        meta = data.meta_info
+        micro_batches, indices = split_micro_batches(
+            data,
+            micro_batch_size=meta.get("micro_batch_size"),
+            use_dynamic_bsz=bool(meta.get("use_dynamic_bsz", False)),
+            max_token_len=meta.get("max_token_len"),
+            dp_group=self.get_data_parallel_group(),
+            micro_batch_key="micro_batch_size_per_gpu (ppo_/log_prob_/forward_ prefixed)",
+        )
+        info = None
+        if loss_function is not None:
+            info = global_batch_info(data.batch["response_mask"], self.get_data_parallel_group())
+        accumulator, outputs = MetricAccumulator(), {}
+        for micro_batch in micro_batches:
+            output = self.forward_step(micro_batch, meta)
+            if loss_function is not None:
+                loss, metrics = loss_function(output, micro_batch.batch, info)
+                accumulator.add(metrics)
+                if not forward_only:
+                    loss.backward()
+            if forward_only:
+                for key, value in output.items():
+                    outputs.setdefault(key, []).append(value.detach())
+        model_output = {key: restore_order(torch.cat(values), indices) for key, values in outputs.items()}
+        return {"model_output": model_output, "metrics": accumulator.result()}
+
+    def optimizer_zero_grad(self) -> None:
+        self._require_optimizer().zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> float:
+        """Clip to ``optim.clip_grad`` and step (skipped, with a warning, when the norm is not finite)."""
+        step = clip_grad_and_step(
+            self._require_module(),
+            self._require_optimizer(),
+            self.optimizer_config.clip_grad,
+            config_key="optim.clip_grad",
+        )
+        self.last_step_skipped = not step.stepped
+        return step.grad_norm
+
+    def lr_scheduler_step(self) -> float:
+        self._require_optimizer()
+        self.lr_scheduler.step()
+        return self.lr_scheduler.get_last_lr()[0]
+
+    def _require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("this engine is forward-only (no optimizer): it cannot be trained")
+        return self.optimizer
+
+    # ------------------------------------------------------------------------------------------------ weights
+    def get_per_tensor_param(self, **kwargs: Any) -> tuple[Generator[tuple[str, torch.Tensor], None, None], Any]:
+        """Full (unsharded) weights one tensor at a time, on the device, for the rollout weight sync.
+
+        FSDP2 parameters are gathered per DTensor (``full_tensor``), so at most one full tensor is alive beyond the
+        shards; FSDP1's default state dict is already full. Collective: every rank exhausts the generator. With
+        manual param offload the caller brings the parameters back (``train_mode``/``eval_mode``, or ``to``).
+        """
+        return _full_tensors(self._require_module().state_dict(), _current_device()), None
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Generator[None, None, None]:
+        # checkpoint state dicts need parameters and optimizer state on the device the mesh lives on (item 10)
+        self.to(get_device_name(), model=self._param_offload, optimizer=self._optimizer_offload)
+        try:
+            yield
+        finally:
+            self.to("cpu", model=self._param_offload, optimizer=self._optimizer_offload)
+
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ) -> None:
+        self._require_module()
+        with self._on_device():
+            self.checkpoint_manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = True) -> None:
+        self._require_module()
+        with self._on_device():
+            self.checkpoint_manager.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+
+    # ------------------------------------------------------------------------------------------------ topology
+    def get_data_parallel_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    def get_data_parallel_rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    def get_data_parallel_group(self) -> Any:
+        return dist.group.WORLD if dist.is_initialized() else None
+
+
+def _current_device() -> torch.device:
+    name = get_device_name()
+    return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
+
+
+def _full_tensors(
+    state: dict[str, torch.Tensor], device: torch.device
+) -> Generator[tuple[str, torch.Tensor], None, None]:
+    from torch.distributed.tensor import DTensor
+
+    for name, tensor in state.items():
+        if isinstance(tensor, DTensor):
+            # a CPU-offloaded shard must reach the mesh's device before the all-gather (upstream #6463)
+            tensor = tensor.to(device).full_tensor()
+        yield name, tensor.to(device)
+
+
+@EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=list(_DEVICES))
+class FSDPEngineWithLMHead(FSDPEngine):
+    """Policy/reference engine: response log-probs (and entropy on request) through the core's LM-head path."""
+
+    model_type = "language_model"
+
+    def __init__(
+        self,
+        model_config: Any,
+        engine_config: Any,
+        optimizer_config: Any = None,
+        checkpoint_config: Any = None,
+        **kwargs: Any,
+    ):
+        super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, **kwargs)
+        self.log_prob_options = LogProbOptions(
+            use_remove_padding=model_config.use_remove_padding,
+            use_fused_kernels=model_config.use_fused_kernels,
+            entropy_from_logits_with_chunking=engine_config.entropy_from_logits_with_chunking,
+            chunk_size=engine_config.entropy_from_logits_chunk_size,
+            entropy_checkpointing=engine_config.entropy_checkpointing,
+        )
+
+    def forward_step(self, micro_batch: DataProto, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """``{"log_probs": (b, R)}`` (+ ``"entropys"`` when ``meta["calculate_entropy"]``); needs ``meta["temperature"]``."""
+        if "temperature" not in meta:
+            raise ValueError(
+                "data.meta_info['temperature'] is missing; the worker sets it from actor_rollout_ref.rollout.temperature"
+            )
+        batch = micro_batch.batch
+        return forward_log_probs(
+            self.module,
+            batch,
+            response_length=batch["responses"].shape[-1],
+            temperature=meta["temperature"],
+            calculate_entropy=bool(meta.get("calculate_entropy", False)),
+            options=self.log_prob_options,
+            multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
+        )
+
+
+@EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device=list(_DEVICES))
+class FSDPEngineWithValueHead(FSDPEngine):
+    """Critic engine: per-response-token values ``(b, R)`` through the core's value forward."""
+
+    model_type = "value_model"
+
+    def forward_step(self, micro_batch: DataProto, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+        batch = micro_batch.batch
+        values = forward_values(
+            self.module,
+            batch,
+            response_length=batch["responses"].shape[-1],
+            use_remove_padding=self.model_config.use_remove_padding,
+            multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
+        )
+        return {"values": values}

@@ -1,0 +1,103 @@
+"""``VeOmniEngine``: the FSDP engine with the model built and sharded by VeOmni (``strategy=veomni``).
+
+Only model construction differs from :class:`~verl.workers.engine.fsdp.FSDPEngine`: VeOmni initialises its parallel
+state (FSDP2 × Ulysses × expert parallel mesh), builds its patched model class with the configured kernels and
+shards it with FSDP2. Everything after that — the packed forward, log-probs, losses, micro-batching, clipping,
+checkpoints, weight sync — is the FSDP engine's, i.e. the shared core, so results do not depend on the backend.
+
+``veomni`` is optional and imported only in :meth:`VeOmniEngine.initialize`; when it is missing (or broken, e.g.
+built for another transformers release) the error says how to install it. It cannot be installed next to the CPU
+test stack (``shared/reference/cpu_environment.md`` §6), so it is tested here with a fake module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import ModuleType
+
+import torch.distributed as dist
+import torch.nn as nn
+
+from verl.models.transformers.packed_forward import VARLEN_PATCHED_ATTR
+from verl.utils.device import get_device_name
+from verl.workers.engine.base import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngine, FSDPEngineWithLMHead
+from verl.workers.engine.veomni.config import (
+    foundation_model_kwargs,
+    ops_implementation_kwargs,
+    parallel_state_kwargs,
+    parallelize_kwargs,
+    parameter_names,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VeOmniEngine", "VeOmniEngineWithLMHead", "import_veomni"]
+
+INSTALL_HINT = "pip install verl[veomni]"
+_DEVICES = ("cuda", "npu")  # VeOmni knows no CPU collective backend (cpu_environment.md §6)
+
+
+def import_veomni(submodule: str) -> ModuleType:
+    """``import veomni.<submodule>``, or an ImportError that says how to install VeOmni."""
+    try:
+        return importlib.import_module(f"veomni.{submodule}")
+    except ImportError as err:
+        raise ImportError(
+            f"actor_rollout_ref.actor.strategy=veomni needs the optional VeOmni package, which failed to import "
+            f"(veomni.{submodule}: {err}). Install it with `{INSTALL_HINT}` on a CUDA or Ascend machine, or use "
+            "strategy=fsdp2"
+        ) from err
+
+
+def _mark_varlen_mixers(model: nn.Module) -> int:
+    """VeOmni's Qwen3.5 Gated DeltaNet derives sequence boundaries from the packed position ids itself; mark its
+    mixers so the packed forward does not refuse them as unpatched (``packed_forward._check_packed``)."""
+    count = 0
+    for module in model.modules():
+        if type(module).__name__.endswith("GatedDeltaNet"):
+            setattr(module, VARLEN_PATCHED_ATTR, True)
+            count += 1
+    return count
+
+
+class VeOmniEngine(FSDPEngine):
+    """FSDP engine whose model is built by ``veomni`` (config: :class:`~verl.workers.engine.veomni.config.VeOmniEngineConfig`)."""
+
+    @staticmethod
+    def _check_strategy(strategy: str) -> str:
+        if strategy != "veomni":
+            raise ValueError(f"the VeOmni engine needs strategy=veomni, got {strategy!r}")
+        return strategy
+
+    def _build_sharded_module(self) -> nn.Module:
+        if not dist.is_initialized():
+            raise RuntimeError("the VeOmni engine needs torch.distributed initialised (the engine worker does it)")
+        cfg, path = self.engine_config, os.path.expanduser(self.model_config.path)
+        parallel_state = import_veomni("distributed.parallel_state")
+        init = parallel_state.init_parallel_state
+        init(**parallel_state_kwargs(cfg, dist.get_world_size(), get_device_name(), parameter_names(init)))
+        arguments = import_veomni("arguments")
+        ops = arguments.OpsImplementationConfig(**ops_implementation_kwargs(cfg))
+        model = import_veomni("models.auto").build_foundation_model(
+            **foundation_model_kwargs(cfg, path, path, ops_implementation=ops)
+        )
+        logger.info("VeOmni model %s: %d GDN mixers marked varlen", type(model).__name__, _mark_varlen_mixers(model))
+        parallelize = import_veomni("distributed.torch_parallelize").build_parallelize_model
+        kwargs = parallelize_kwargs(
+            cfg,
+            weights_path=path,
+            model_basic_modules=getattr(model, "_no_split_modules", None),
+            enable_gradient_checkpointing=self.model_config.enable_gradient_checkpointing,
+            accepted=parameter_names(parallelize),
+            mixed_precision_cls=getattr(arguments, "MixedPrecisionConfig", None),
+        )
+        return parallelize(model, **kwargs)
+
+
+@EngineRegistry.register(model_type="language_model", backend="veomni", device=list(_DEVICES))
+class VeOmniEngineWithLMHead(VeOmniEngine, FSDPEngineWithLMHead):
+    """VeOmni-built policy/reference model; log-probs through the shared core. (As in upstream v0.7.1 there is no
+    VeOmni value-head engine: a critic uses ``critic.strategy=fsdp2``.)"""
