@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,64 @@ def test_block_parser_rejects_two_overrides_on_a_line():
     text = f"{BLOCK_START}\nOVERRIDES=(\n    a=1 b=2\n)\n{BLOCK_END}\n"
     with pytest.raises(ValueError, match="one override per line"):
         extract_override_block(text)
+
+
+# ---- the rest of the launch material: image pins and the Ascend guide stay in step ------------------------------
+
+DOCKER_DIR = REPO / "docker"
+ASCEND_GUIDE = REPO / "docs" / "ascend.md"
+
+
+def dockerfile_args(path: Path) -> dict[str, str]:
+    """`ARG NAME=value` defaults of a Dockerfile."""
+    args = {}
+    for line in path.read_text().splitlines():
+        words = line.split(maxsplit=1)
+        if len(words) == 2 and words[0] == "ARG" and "=" in words[1]:
+            name, value = words[1].split("=", 1)
+            args[name] = value
+    return args
+
+
+def test_ascend_image_pins_are_the_guide_matrix_row():
+    """Every version the Ascend Dockerfile pins appears in the guide's matrix and in docker/README.md."""
+    args = dockerfile_args(DOCKER_DIR / "ascend" / "Dockerfile")
+    pinned = {k: v for k, v in args.items() if k.endswith("_VERSION")}
+    assert {"TORCH_VERSION", "TORCH_NPU_VERSION", "VLLM_VERSION", "VLLM_ASCEND_VERSION"} <= set(pinned)
+    cann = args["CANN_IMAGE"].rsplit(":", 1)[1].split("-")[0]  # quay.io/ascend/cann:8.5.1-910b-... -> 8.5.1
+    guide = ASCEND_GUIDE.read_text()
+    matrix = [line for line in guide.splitlines() if line.startswith("| ")]
+    readme = (DOCKER_DIR / "README.md").read_text()
+    for name, version in [*pinned.items(), ("CANN", cann)]:
+        assert any(version in row for row in matrix), f"{name}={version} is not in the docs/ascend.md matrix"
+        assert version in readme, f"{name}={version} is not in docker/README.md"
+
+
+def test_verify_pins_flags_wrong_and_missing_versions():
+    """docker/verify_pins.py passes installed pins (local labels ignored) and exits 1 on a wrong or absent one."""
+    import torch
+
+    script = DOCKER_DIR / "verify_pins.py"
+    public = torch.__version__.split("+")[0]  # e.g. 2.13.0+cpu installed, pinned as 2.13.0
+    ok = subprocess.run([sys.executable, str(script), f"torch=={public}"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run(
+        [sys.executable, str(script), f"torch=={public}", "torch<1", "surely-not-installed-pkg==1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1
+    assert "WRONG    torch" in bad.stdout and "MISSING  surely-not-installed-pkg" in bad.stdout
+
+
+def test_every_registered_model_patch_is_in_the_ascend_guide():
+    """The start-up report's patch names are all explained in docs/ascend.md (report lines must be readable)."""
+    from verl.models.transformers.patch_registry import PATCH_REGISTRY, _load_builtin_patches
+
+    _load_builtin_patches()
+    names = set(PATCH_REGISTRY.patches)
+    assert "qwen3_5-varlen-gdn" in names
+    guide = ASCEND_GUIDE.read_text()
+    missing = sorted(n for n in names if f"`{n}`" not in guide)
+    assert not missing, f"patches not documented in docs/ascend.md: {missing}"
