@@ -145,11 +145,17 @@ def test_uninstall_restores_cpu_platform(npu_sim):
 
 
 def test_without_fixture_platform_is_cpu():
-    """Outside the fixture nothing of the simulation is visible: no torch.npu, no torch_npu, cpu platform."""
-    assert not hasattr(torch, "npu")
+    """Outside the fixture nothing of the simulation is usable: no torch_npu, no available accelerator, cpu platform,
+    and a CPU optimizer step (which asks torch.accelerator) works."""
     with pytest.raises(ImportError):
         import torch_npu  # noqa: F401
+    assert not torch.accelerator.is_available()
+    assert not hasattr(torch, "npu") or torch.npu.device_count() == 0
     assert get_device_name() == "cpu"
+    model = _make_model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
 
 
 def test_device_count_follows_visible_devices(monkeypatch):

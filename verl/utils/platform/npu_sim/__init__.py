@@ -62,21 +62,25 @@ def install(device_count: int | None = None) -> None:
 
     ``device_count`` defaults to the number of ids in ``ASCEND_RT_VISIBLE_DEVICES`` (1 when unset). Re-selects the
     platform (``verl.utils.platform.reset_platform``) so detection now finds ``npu``. Raises RuntimeError if a real
-    ``torch_npu`` is already loaded (never mix the two).
+    ``torch_npu`` (or another ``torch.npu``) is already loaded: never mix the two.
     """
     global _installed
     device_count = _visible_device_count() if device_count is None else device_count
     if _installed:
         torch.ops.npu_sim.set_device_count(device_count)
         return
-    existing = sys.modules.get("torch_npu")
-    if existing is not None:
-        raise RuntimeError(f"a real torch_npu ({getattr(existing, '__file__', existing)}) is loaded; cannot simulate")
-    _ensure_backend_registered(device_count)
     from verl.utils.platform.npu_sim import device_module, fake_torch_npu, hccl
 
-    torch._register_device_module("npu", device_module)
-    sys.modules["torch.npu.memory"] = device_module.memory
+    existing = sys.modules.get("torch_npu")
+    if existing is not None and existing is not fake_torch_npu:
+        raise RuntimeError(f"a real torch_npu ({getattr(existing, '__file__', existing)}) is loaded; cannot simulate")
+    if getattr(torch, "npu", device_module) is not device_module:
+        raise RuntimeError(f"torch.npu is already {torch.npu!r}; cannot simulate")
+    _ensure_backend_registered(device_count)
+    if not hasattr(torch, "npu"):
+        torch._register_device_module("npu", device_module)
+        sys.modules["torch.npu.memory"] = device_module.memory
+    device_module.set_enabled(True)
     sys.modules["torch_npu"] = fake_torch_npu
     hccl.register_hccl_backend()
     torch.ops.npu_sim.set_device(0)
@@ -85,15 +89,19 @@ def install(device_count: int | None = None) -> None:
 
 
 def uninstall() -> None:
-    """Remove ``torch.npu`` and ``torch_npu`` again; detection falls back to the real machine (the C++ kernels stay
-    loaded but are unreachable without ``torch.npu``, and no NPU tensor survives a test that freed its objects)."""
+    """Make the simulation unreachable again: ``torch_npu`` is no longer importable and ``torch.npu`` /
+    ``torch.accelerator`` report no device, so detection falls back to the real machine.
+
+    What cannot be undone in a process stays, inert: the loaded C++ backend, the ``npu`` device name, the
+    ``torch.npu`` module object (torch caches device modules) and the ``hccl`` backend registration.
+    """
     global _installed
     if not _installed:
         return
-    if hasattr(torch, "npu"):
-        delattr(torch, "npu")
-    for name in ("torch.npu", "torch.npu.memory", "torch_npu"):
-        sys.modules.pop(name, None)
+    from verl.utils.platform.npu_sim import device_module
+
+    device_module.set_enabled(False)
+    sys.modules.pop("torch_npu", None)
     _installed = False
     _reset_platform()
 

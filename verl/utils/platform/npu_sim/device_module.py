@@ -37,8 +37,17 @@ def _index(device: Any = None) -> int:
 # ---- availability and devices --------------------------------------------------------------------------------
 
 
+_enabled = False  # set by install()/uninstall(); the module stays registered as torch.npu once registered
+
+
+def set_enabled(enabled: bool) -> None:
+    global _enabled
+    _enabled = enabled
+    _ops().set_enabled(enabled)
+
+
 def is_available() -> bool:
-    return True
+    return _enabled
 
 
 def is_initialized() -> bool:
@@ -58,7 +67,7 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return int(_ops().device_count())
+    return int(_ops().device_count()) if _enabled else 0
 
 
 def current_device() -> int:

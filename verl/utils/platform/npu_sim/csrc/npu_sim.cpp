@@ -41,6 +41,9 @@ constexpr int kMaxDevices = 16;
 
 thread_local c10::DeviceIndex g_current = 0;
 std::atomic<int> g_device_count{1};
+// Hooks cannot be unregistered: after uninstall the backend stays loaded but reports itself unavailable, so
+// torch.accelerator and friends see a CPU-only process again.
+std::atomic<bool> g_enabled{true};
 std::array<std::atomic<int64_t>, kMaxDevices> g_allocated{};
 std::array<std::atomic<int64_t>, kMaxDevices> g_peak{};
 
@@ -121,7 +124,7 @@ at::Generator& device_generator(c10::DeviceIndex index) {
 
 struct SimHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return true; }
+  bool isAvailable() const override { return g_enabled.load(); }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   void init() const override {}
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(g_device_count.load()); }
@@ -130,6 +133,9 @@ struct SimHooks final : at::PrivateUse1HooksInterface {
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override { auto o = g_current; g_current = d; return o; }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
   at::Device getDeviceFromPtr(void*) const override { return c10::Device(kNpu, g_current); }
+  // Simulated device memory is host memory, so "pinned" host memory is ordinary host memory.
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void*) const override { return false; }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
     return device_generator(index < 0 ? g_current : index);
   }
@@ -349,6 +355,7 @@ int64_t sim_set_device_count(int64_t n) {
   return n;
 }
 int64_t sim_device_count() { return g_device_count.load(); }
+int64_t sim_set_enabled(bool enabled) { g_enabled = enabled; return enabled ? 1 : 0; }
 int64_t sim_current_device() { return g_current; }
 int64_t sim_set_device(int64_t index) { check_index(index); g_current = static_cast<c10::DeviceIndex>(index); return index; }
 int64_t sim_memory_allocated(int64_t d) { check_index(d); return g_allocated[d].load(); }
@@ -382,6 +389,7 @@ at::Tensor sim_host_view(const at::Tensor& t) { return host_view(t); }
 TORCH_LIBRARY(npu_sim, m) {
   m.def("set_device_count(int n) -> int", &sim_set_device_count);
   m.def("device_count() -> int", &sim_device_count);
+  m.def("set_enabled(bool enabled) -> int", &sim_set_enabled);
   m.def("current_device() -> int", &sim_current_device);
   m.def("set_device(int index) -> int", &sim_set_device);
   m.def("memory_allocated(int device) -> int", &sim_memory_allocated);
