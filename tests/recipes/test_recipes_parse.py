@@ -188,6 +188,14 @@ def test_ascend_recipes_target_npu_and_read_paths_from_env(script: Path, tmp_pat
     assert (custom["trainer.nnodes"], custom["trainer.n_gpus_per_node"]) == ("4", "16")
 
 
+def test_cpu_smoke_validates_against_the_quickstart_config(tmp_path: Path):
+    """The smoke overrides also validate on top of quickstart_cpu, the config the quickstart actually launches."""
+    script = RECIPE_DIR / "run_qwen3_5_tiny_grpo_cpu_smoke.sh"
+    config = compose_tree(printed_overrides(script, tmp_path), config_name="quickstart_cpu")
+    assert (config.trainer.device, config.actor_rollout_ref.rollout.name) == ("cpu", "hf")
+    validate_like_main_ppo(config)
+
+
 def test_cpu_smoke_targets_cpu_through_quickstart(tmp_path: Path):
     """The smoke recipe runs the quickstart entry on the CPU with the HF rollout, not vLLM."""
     script = RECIPE_DIR / "run_qwen3_5_tiny_grpo_cpu_smoke.sh"
@@ -293,3 +301,34 @@ def test_every_registered_model_patch_is_in_the_ascend_guide():
     guide = ASCEND_GUIDE.read_text()
     missing = sorted(n for n in names if f"`{n}`" not in guide)
     assert not missing, f"patches not documented in docs/ascend.md: {missing}"
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_cpu_smoke_recipe_trains_one_step(tmp_path: Path):
+    """The smoke recipe, run as a user runs it, finishes one GRPO step on the CPU and logs its metrics."""
+    import json
+
+    from verl.utils.tracking import METRICS_FILE
+
+    script = RECIPE_DIR / "run_qwen3_5_tiny_grpo_cpu_smoke.sh"
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "QUICKSTART_DIR": str(tmp_path / "qs"),
+        "STEPS": "1",
+        "OMP_NUM_THREADS": "1",
+        "RAY_AUTH_MODE": "disabled",
+    }
+    done = subprocess.run(
+        ["bash", str(script), "trainer.logger=['console','file']"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "qs" / "logs" / METRICS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in records] == [1]
+    assert any(key.startswith("actor/") for key in records[0]["data"]), sorted(records[0]["data"])
