@@ -274,8 +274,12 @@ def test_known_moe_model_without_experts_warns(caplog):
 
 
 def test_import_is_side_effect_free():
-    """Importing verl.utils.vllm imports neither vllm nor vllm_ascend (a fresh interpreter checks it)."""
-    code = "import sys, verl.utils.vllm; print(any(m.split('.')[0] in ('vllm', 'vllm_ascend') for m in sys.modules))"
+    """Importing verl.utils.vllm, the vLLM rollout package and the weight sync imports neither vllm nor vllm_ascend
+    (a fresh interpreter checks it)."""
+    code = (
+        "import sys, verl.utils.vllm, verl.workers.rollout.vllm_rollout, verl.workers.sharding_manager.vllm_weight_sync;"
+        "print(any(m.split('.')[0] in ('vllm', 'vllm_ascend') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"
 
