@@ -15,8 +15,12 @@ Properties tests rely on:
 * memory statistics count live NPU bytes (``torch.npu.memory_allocated``), so offload tests can assert that
   parameters really left the device.
 
+* collectives: backend ``hccl`` (:mod:`.hccl`, gloo underneath) takes npu tensors only and only contiguous ones;
+  FSDP2 over several processes works (``install(device_count=n)``; ``torch.npu.set_device(rank)``).
+
 Not simulated: asynchronous execution (every op completes before returning), autocast (a no-op on ``npu``),
-fp64 restrictions of real kernels, HCCL topology. Usage::
+dtype coverage of the real kernels (an op runs if its CPU kernel supports the dtype; ``histc`` on integers is
+special-cased because HF's MoE relies on it), fp64 restrictions, HCCL topology. Usage::
 
     with simulated_ascend():
         ...  # get_device_name() == "npu"
