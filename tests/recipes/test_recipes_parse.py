@@ -172,6 +172,20 @@ def test_launched_config_validates(case: tuple[Path, dict], tmp_path: Path):
     validate_like_main_ppo(config)
 
 
+def test_engine_recipe_configures_the_same_roles_as_the_fsdp2_recipe(tmp_path: Path):
+    """Setting the fsdp_config-level entropy keys (engine recipe) or the role-level ones (FSDP2 recipe) gives equal
+    typed actor, ref and rollout configs: the two recipes differ only in the worker path."""
+    from verl.utils.config import validate_config
+
+    typed = {}
+    for name in ("run_qwen3_5_35b_a3b_grpo_fsdp2_geo3k.sh", "run_qwen3_5_35b_a3b_grpo_engine_geo3k.sh"):
+        config = compose_tree(printed_overrides(RECIPE_DIR / name, tmp_path))
+        typed[name] = validate_config(config, use_reference_policy=True, use_critic=False).actor_rollout_ref
+    legacy, engine = typed.values()
+    assert engine.actor.fsdp_config.entropy_from_logits_with_chunking and legacy.actor.entropy_from_logits_with_chunking
+    assert (legacy.actor, legacy.ref, legacy.rollout) == (engine.actor, engine.ref, engine.rollout)
+
+
 @pytest.mark.parametrize("script", [p for p in RECIPES if "cpu_smoke" not in p.name], ids=lambda p: p.name)
 def test_ascend_recipes_target_npu_and_read_paths_from_env(script: Path, tmp_path: Path):
     """Ascend recipes launch trainer.device=npu with the vLLM rollout, and take model/data/cluster from env vars."""
