@@ -43,8 +43,15 @@ def prepare_config(config: DictConfig) -> DictConfig:
     return config
 
 
+# Driver variables forwarded to every worker: on a cluster started with `ray start`, workers inherit the
+# environment of `ray start`, not of the shell that launched the job, so HCCL/CANN settings must travel explicitly.
+_FORWARDED_ENV_PREFIXES = ("HCCL_", "ASCEND_", "RAY_EXPERIMENTAL_NOSET_")
+
+
 def get_ppo_ray_runtime_env() -> dict:
-    return {"env_vars": {k: v for k, v in _WORKER_ENV.items() if k not in os.environ}}
+    env_vars = {k: v for k, v in _WORKER_ENV.items() if k not in os.environ}
+    env_vars.update({k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)})
+    return {"env_vars": env_vars}
 
 
 def run_ppo(config: DictConfig) -> None:
