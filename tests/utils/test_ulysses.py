@@ -133,7 +133,10 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     calls: list = []
     _record_contiguity(calls)
     group = dist.new_group([0, 1])
-    res = {"world": U.get_ulysses_sequence_parallel_world_size(group), "rank": U.get_ulysses_sequence_parallel_rank(group)}
+    res = {
+        "world": U.get_ulysses_sequence_parallel_world_size(group),
+        "rank": U.get_ulysses_sequence_parallel_rank(group),
+    }
     res.update(_collective_checks(rank, group))
     res.update(_gather_checks(rank, group))
     res.update(_slice_checks(rank, group))
