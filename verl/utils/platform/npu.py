@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 from typing import Any
 
 import torch
@@ -24,12 +25,32 @@ HCCL_CONNECT_TIMEOUT_RANGE_S = (120, 7200)  # documented range of HCCL_CONNECT_T
 DEFAULT_HCCL_CONNECT_TIMEOUT_S = 1500
 
 
+_import_failure: BaseException | None = None
+
+
 def import_torch_npu() -> tuple[Any, BaseException | None]:
-    """(torch_npu module, None) on success, (None, the error) when it is missing or cannot load."""
+    """(torch_npu module, None) on success, (None, the error) when it is missing or cannot load.
+
+    A failure is remembered (upstream code reads ``is_npu_available`` in hot paths; a failed import rescans the
+    filesystem every time) until :func:`forget_torch_npu_import` — called by ``reset_platform()``.
+    """
+    global _import_failure
+    loaded = sys.modules.get("torch_npu")
+    if loaded is not None:
+        return loaded, None
+    if _import_failure is not None:
+        return None, _import_failure
     try:
         return importlib.import_module("torch_npu"), None
     except (ImportError, RuntimeError, OSError) as e:  # OSError: a CANN .so found but unloadable
+        _import_failure = e
         return None, e
+
+
+def forget_torch_npu_import() -> None:
+    """Try the import again next time (after installing torch_npu, or a simulator, in this process)."""
+    global _import_failure
+    _import_failure = None
 
 
 def _torch_npu_version(module: Any) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from verl.utils.platform.base import Platform
 from verl.utils.platform.cpu import CpuPlatform
 from verl.utils.platform.cuda import CudaPlatform
-from verl.utils.platform.npu import NpuPlatform
+from verl.utils.platform.npu import NpuPlatform, forget_torch_npu_import
 
 PLATFORM_ENV = "VERL_PLATFORM"
 DETECTION_ORDER = ("cuda", "npu", "cpu")
@@ -99,9 +99,11 @@ def set_platform(name: str, *, validate: bool = True) -> Platform:
 
 
 def reset_platform() -> None:
-    """Forget the selected/detected platform; the next :func:`get_platform` detects again."""
+    """Forget the selected/detected platform (and a failed torch_npu import); the next :func:`get_platform`
+    detects again."""
     global _selected
     _selected = None
+    forget_torch_npu_import()
 
 
 @contextlib.contextmanager
