@@ -53,7 +53,16 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["verl", "verl.*"]),
-    package_data={"verl": ["version", "trainer/config/**/*.yaml", "trainer/config/*.yaml", "data/**/*"]},
+    package_data={
+        "verl": [
+            "version",
+            "trainer/config/**/*.yaml",
+            "trainer/config/*.yaml",
+            "data/**/*",
+            # The simulated Ascend device (a CPU-backed `npu`, test fixture) is compiled from source on first use.
+            "utils/platform/npu_sim/csrc/*.cpp",
+        ]
+    },
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

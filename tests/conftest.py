@@ -9,4 +9,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import torch  # noqa: E402
 
+pytest_plugins = ["verl.utils.platform.npu_sim.pytest_plugin"]
+
 torch.set_num_threads(1)

@@ -49,7 +49,11 @@ _FORWARDED_ENV_PREFIXES = ("HCCL_", "ASCEND_", "RAY_EXPERIMENTAL_NOSET_")
 
 
 def get_ppo_ray_runtime_env() -> dict:
+    """Worker environment: defaults, the platform's collective settings (HCCL timeouts), forwarded driver vars."""
+    from verl.utils.platform import get_platform
+
     env_vars = {k: v for k, v in _WORKER_ENV.items() if k not in os.environ}
+    env_vars.update(get_platform().comm_env_vars())
     env_vars.update({k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)})
     return {"env_vars": env_vars}
 
