@@ -279,6 +279,11 @@ class FSDPAdapter(ABC):
         """Load an unsharded state dict that every rank holds into the sharded ``module``. Collective."""
 
     @abstractmethod
+    def inference_params(self, module: nn.Module) -> contextlib.AbstractContextManager:
+        """Context in which the wrapped HF model's own methods (``generate``) can run without the wrapper's
+        forward: FSDP1 gathers the root unit's parameters; FSDP2 needs nothing (its hooks gather per forward)."""
+
+    @abstractmethod
     def offload_params(self, module: nn.Module) -> None:
         """Move the sharded parameters (and their gradients) to the CPU."""
 
@@ -358,6 +363,13 @@ class FSDP1Adapter(FSDPAdapter):
         with FullyShardedDataParallel.state_dict_type(module, StateDictType.FULL_STATE_DICT, cfg):
             module.load_state_dict(state_dict)
 
+    def inference_params(self, module):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        # root unit only: nested units gather their own parameters in their forward, which must not run inside
+        # a recursive full-params context
+        return FullyShardedDataParallel.summon_full_params(module, writeback=False, recurse=False)
+
     def offload_params(self, module):
         _move_fsdp1_flat_params(module, torch.device("cpu"))
 
@@ -426,6 +438,9 @@ class FSDP2Adapter(FSDPAdapter):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(module, dict(state_dict), options=StateDictOptions(full_state_dict=True))
+
+    def inference_params(self, module):
+        return contextlib.nullcontext()
 
     def offload_params(self, module):
         module.to("cpu")

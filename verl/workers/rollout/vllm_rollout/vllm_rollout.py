@@ -58,9 +58,6 @@ class vLLMRollout(BaseRollout):
 
     def __init__(self, config: Any, model_config: Any, device_mesh: Any = None) -> None:
         super().__init__(config, model_config, device_mesh)
-        self.config = config
-        self.model_config = model_config
-        self.device_mesh = device_mesh
         self.device_name = get_device_name()
         if config.multi_turn.enable:
             raise ConfigError(

@@ -1,0 +1,168 @@
+"""``HFRollout``: sampling with transformers ``generate`` on the actor module itself (upstream name).
+
+For the CPU, tests and small models. It runs on the (FSDP-wrapped) training module, so there is no weight copy:
+the sharding manager only makes the parameters available for inference (see ``verl.workers.sharding_manager``).
+
+Batch contract (upstream keys)::
+
+    in:  input_ids, attention_mask, position_ids (B, P), prompts left-padded
+         meta_info: eos_token_id, pad_token_id, do_sample, validate (use rollout.val_kwargs), n (optional)
+    out: prompts (B*n, P), responses (B*n, R), input_ids / attention_mask / position_ids (B*n, P + R),
+         rollout_log_probs (B*n, R) when rollout.calculate_log_probs
+
+``n``: the trainer repeats every prompt ``rollout.n`` times itself before calling (upstream v0.7 layout), so each
+input row gets ONE response by default; ``meta_info["n"] = k`` asks this rollout to repeat-interleave the prompts
+``k`` times instead (standalone use). Responses stop at the first EOS: everything after it is ``pad_token_id`` and
+masked out, and the response is right-padded to ``rollout.response_length``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from tensordict import TensorDict
+
+from verl.protocol import DataProto
+from verl.utils.fsdp_utils import adapter_for
+from verl.utils.torch_functional import get_response_mask, pad_sequence_to_length
+from verl.workers.rollout.base import BaseRollout
+
+__all__ = ["HFRollout", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    do_sample: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    n: int
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        if not self.do_sample:
+            return {"do_sample": False}
+        kwargs: dict[str, Any] = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
+        # HF's top_k=0 means "off"; upstream configs say -1
+        kwargs["top_k"] = self.top_k if self.top_k > 0 else 0
+        return kwargs
+
+
+def sampling_params(config: Any, meta_info: dict) -> SamplingParams:
+    """``rollout`` sampling settings, or ``rollout.val_kwargs`` when ``meta_info["validate"]``; greedy when
+    ``meta_info["do_sample"]`` is False. ``meta_info["n"]`` repeats prompts inside the rollout (default 1)."""
+    source = config.val_kwargs if meta_info.get("validate", False) else config
+    do_sample = bool(meta_info.get("do_sample", config.do_sample)) and source.do_sample
+    n = int(meta_info.get("n", 1))
+    if n < 1:
+        raise ValueError(f"meta_info['n'] must be >= 1, got {n}")
+    return SamplingParams(do_sample, source.temperature, source.top_k, source.top_p, n)
+
+
+class HFRollout(BaseRollout):
+    """Generate with ``module.generate``.
+
+    Args:
+        module: the actor model (plain, FSDP1- or FSDP2-wrapped).
+        config: ``actor_rollout_ref.rollout`` (``response_length``, sampling keys, ``val_kwargs``,
+            ``max_num_seqs`` = rows per ``generate`` call, ``ignore_eos``, ``calculate_log_probs``).
+    """
+
+    def __init__(self, module: nn.Module, config: Any, model_config: Any = None, device_mesh: Any = None):
+        super().__init__(config, model_config, device_mesh)
+        self.module = module
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        params = sampling_params(self.config, prompts.meta_info)
+        if params.n > 1:
+            prompts = prompts.repeat(params.n, interleave=True)
+        rows = max(1, self.config.max_num_seqs)
+        outputs = [self._generate(chunk, params) for chunk in prompts.split(rows)]
+        return DataProto.concat(outputs)
+
+    def _token_ids(self, meta_info: dict) -> tuple[Any, int]:
+        generation_config = getattr(self._hf_model(), "generation_config", None)
+        eos = meta_info.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
+        pad = meta_info.get("pad_token_id", getattr(generation_config, "pad_token_id", None))
+        if eos is None:
+            raise ValueError("generate_sequences needs meta_info['eos_token_id'] (the tokenizer's eos_token_id)")
+        if pad is None:
+            pad = eos[0] if isinstance(eos, (list, tuple)) else eos
+        return eos, int(pad)
+
+    def _hf_model(self) -> nn.Module:
+        module = self.module
+        while isinstance(getattr(module, "_fsdp_wrapped_module", None), nn.Module):
+            module = module._fsdp_wrapped_module
+        return module
+
+    def _generate(self, prompts: DataProto, params: SamplingParams) -> DataProto:
+        td = prompts.batch
+        idx, attention_mask, position_ids = td["input_ids"], td["attention_mask"], td["position_ids"]
+        eos, pad = self._token_ids(prompts.meta_info)
+        response_length = self.config.response_length
+        kwargs = params.generate_kwargs()
+        if self.config.ignore_eos:
+            kwargs["min_new_tokens"] = response_length
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with _inference_params(self.module):
+                out = self._generate_fn()(
+                    input_ids=idx,
+                    attention_mask=attention_mask,
+                    max_new_tokens=response_length,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                    use_cache=True,
+                    return_dict_in_generate=True,
+                    output_scores=bool(self.config.calculate_log_probs),
+                    **kwargs,
+                )
+        finally:
+            self.module.train(was_training)
+        return self._assemble(idx, attention_mask, position_ids, out, eos, pad)
+
+    def _generate_fn(self):
+        # FSDP2 modules are the HF model itself. An FSDP1 wrapper forwards `generate` to the inner HF model, whose
+        # steps then bypass the wrapper's forward: `_inference_params` unshards the wrapper's own (root) parameters
+        # for the duration, while the nested FSDP units still gather theirs in their forward.
+        return self._hf_model().generate
+
+    def _assemble(self, idx, attention_mask, position_ids, out, eos, pad) -> DataProto:
+        batch_size, prompt_length = idx.shape
+        response_length = self.config.response_length
+        response = pad_sequence_to_length(out.sequences[:, prompt_length:], response_length, pad)
+        response_mask = get_response_mask(response, eos_token=eos, dtype=attention_mask.dtype)
+        response = response.masked_fill(response_mask == 0, pad)  # nothing after the first EOS
+        delta = torch.arange(1, response_length + 1, device=position_ids.device).unsqueeze(0)
+        response_position_ids = position_ids[:, -1:] + delta
+        tensors = {
+            "prompts": idx,
+            "responses": response,
+            "input_ids": torch.cat([idx, response], dim=-1),
+            "attention_mask": torch.cat([attention_mask, response_mask], dim=-1),
+            "position_ids": torch.cat([position_ids, response_position_ids], dim=-1),
+        }
+        if out.scores is not None:
+            tensors["rollout_log_probs"] = _sampled_log_probs(out.scores, response, response_mask)
+        return DataProto(batch=TensorDict(tensors, batch_size=[batch_size]))
+
+
+def _sampled_log_probs(scores: tuple[torch.Tensor, ...], response: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Log-probs ``(B, R)`` of the sampled tokens under the processed distribution (after temperature/top-k/top-p:
+    upstream's ``processed_logprobs``), 0 where masked."""
+    out = torch.zeros(response.shape, dtype=torch.float32, device=response.device)
+    for step, step_scores in enumerate(scores):  # one (B, V) step at a time: no (B, R, V) tensor
+        logp = torch.log_softmax(step_scores.float(), dim=-1)
+        out[:, step] = logp.gather(-1, response[:, step : step + 1]).squeeze(-1)
+    return out.masked_fill(mask == 0, 0.0)
+
+
+def _inference_params(module: nn.Module):
+    adapter = adapter_for(module)
+    return adapter.inference_params(module) if adapter is not None else contextlib.nullcontext()
