@@ -220,7 +220,8 @@ class FSDPVLLMShardingManager:
     discards them), so training gets the memory back.
 
     ``rollout`` is a :class:`verl.workers.rollout.vllm_rollout.vLLMRollout` (``wake_up(tags)``, ``sleep()``,
-    ``load_weights(weights)``, ``config.dtype``). The generation RNG is seeded with ``seed + dp_rank``: the ranks of
+    ``load_weights(weights)``, ``config.dtype``). ``device`` (default: this rank's accelerator) is where each
+    shard is gathered and where the full tensors are handed to vLLM. The generation RNG is seeded with ``seed + dp_rank``: the ranks of
     one tensor-parallel engine share a dp rank, so their samplers draw the same tokens.
     """
 
@@ -237,7 +238,8 @@ class FSDPVLLMShardingManager:
 
         self.module = module
         self.rollout = rollout
-        self.device = device
+        # offloaded shards must reach the collective backend's device before their gather
+        self.device = torch.device(device) if device is not None else _compute_device()
         self.dtype = to_torch_dtype(rollout.config.dtype)
         self._gen_rng_state = _seeded_rng_state(seed + dp_rank)
         self._train_rng_state: torch.Tensor | None = None
@@ -265,6 +267,12 @@ class FSDPVLLMShardingManager:
         platform.set_rng_state(self._train_rng_state)
         self.rollout.sleep()
         platform.empty_cache()
+
+
+def _compute_device() -> torch.device:
+    from verl.utils.device import get_device_name, get_platform
+
+    return torch.device("cpu") if get_device_name() == "cpu" else get_platform().device()
 
 
 def _seeded_rng_state(seed: int) -> torch.Tensor:
