@@ -5,6 +5,7 @@ import importlib.util
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from verl.models.tiny import build_tiny_model
+from verl.utils.platform.npu_sim.pytest_plugin import npu_sim  # noqa: F401
 from verl.workers.sharding_manager.vllm_weight_sync import (
     FSDPVLLMShardingManager,
     group_by_layer,
@@ -202,6 +204,35 @@ def test_sharding_manager_order_and_rng():
     torch.manual_seed(1001)  # seed 1000 + dp_rank 1
     assert torch.equal(torch.rand(3), first) and torch.equal(torch.rand(3), second)
     assert_engine_holds(rollout.engine, model.state_dict(), torch.bfloat16)
+
+
+@pytest.mark.usefixtures("npu_sim")
+def test_offloaded_fsdp2_actor_on_simulated_npu():
+    """FSDP2 with CPU parameter offload on the simulated Ascend (1 rank, cpu:gloo,npu:hccl): the manager gathers
+    on the rank's npu by default, the npu-resident engine receives exactly the model's bf16 weights, and the
+    actor's parameters stay offloaded on the CPU (no full copy of the model is moved to the device)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    with tempfile.NamedTemporaryFile() as init_file:
+        dist.init_process_group("cpu:gloo,npu:hccl", init_method=f"file://{init_file.name}", rank=0, world_size=1)
+        try:
+            model = tiny()
+            reference = {k: v.clone() for k, v in model.state_dict().items()}
+            policy = CPUOffloadPolicy(pin_memory=True)
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=init_device_mesh("npu", (1,)), offload_policy=policy)
+            fully_shard(model, mesh=init_device_mesh("npu", (1,)), offload_policy=policy)
+            rollout = _FakeRollout(fake_vllm().build_fake_vllm_model(model.config, "ascend").to("npu"))
+            with FSDPVLLMShardingManager(model, rollout) as manager:
+                assert manager.device.type == "npu"
+            assert {p.device.type for p in model.parameters()} == {"cpu"}
+            assert {p.device.type for p in rollout.engine.parameters()} == {"npu"}
+            got = {k: v.cpu() for k, v in engine_tensors_in_hf_layout(rollout.engine).items()}
+            for name, tensor in reference.items():
+                assert torch.equal(got[name], tensor.bfloat16().float()), name
+        finally:
+            dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------------------------------------------
