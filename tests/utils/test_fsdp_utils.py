@@ -71,7 +71,7 @@ def test_fsdp1_wrap_policy_selects_decoder_layers_from_a_set():
     """Invariant: the FSDP1 auto-wrap policy built from a set of names wraps exactly the decoder layers."""
     model = _tiny_qwen2()
     model._no_split_modules = {"Qwen2DecoderLayer", "Qwen3_5TextDecoderLayer"}
-    policy = get_fsdp_wrap_policy(model, {"transformer_layer_cls_to_wrap": None, "min_num_params": 0})
+    policy = get_fsdp_wrap_policy(model, {"min_num_params": 0})  # the YAML default: no class key
     wrapped = [type(m).__name__ for m in model.modules() if policy(module=m, recurse=False, nonwrapped_numel=0)]
     assert wrapped == ["Qwen2DecoderLayer", "Qwen2DecoderLayer"]
     assert get_fsdp_wrap_policy(model, {"disable": True}) is None

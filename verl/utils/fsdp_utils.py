@@ -124,7 +124,7 @@ def _normalise_class_names(names: str | Iterable[str] | None) -> list[str]:
 
 def layer_class_names(module: nn.Module, wrap_policy: Mapping | None) -> tuple[list[str], str]:
     """Class names to wrap and where they came from; the explicit config key wins over ``_no_split_modules``."""
-    explicit = None if wrap_policy is None else wrap_policy["transformer_layer_cls_to_wrap"]
+    explicit = None if wrap_policy is None else _get_optional(wrap_policy, "transformer_layer_cls_to_wrap", None)
     if explicit:
         return _normalise_class_names(explicit), "fsdp_config.wrap_policy.transformer_layer_cls_to_wrap"
     return _normalise_class_names(getattr(module, "_no_split_modules", None)), "model._no_split_modules"
