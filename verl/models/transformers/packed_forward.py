@@ -22,14 +22,28 @@ it were alone. Three conditions make HF models keep packed sequences apart (qwen
 
 Models whose recurrent layers cannot keep sequences apart without a patch (Qwen3.5's GDN) are refused until the
 patch is applied.
+
+Ulysses sequence parallelism (SP > 1, the group passed as ``ulysses_group`` or installed with
+``verl.utils.ulysses.set_ulysses_sequence_parallel_group``) is a property of the same call: each rank of the SP group
+runs its slice of the packed stream, and the result is the whole stream on every rank, equal to SP = 1
+(:func:`_forward_packed_ulysses`, :mod:`verl.models.transformers.ulysses`). Callers change nothing else.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.distributed import ProcessGroup
 
+from verl.models.transformers.ulysses import ULYSSES_KWARG, UlyssesContext, prepare_model_for_ulysses
 from verl.utils.packing import PackedBatch, validate_cu_seqlens
+from verl.utils.ulysses import (
+    all_gather_tensor,
+    gather_outputs_and_unpad,
+    get_ulysses_sequence_parallel_group,
+    get_ulysses_sequence_parallel_world_size,
+    shard_packed_batch,
+)
 
 __all__ = [
     "PACKED_CU_SEQLENS_KWARG",
@@ -78,21 +92,28 @@ def forward_packed(
     packed: PackedBatch,
     *,
     return_hidden: bool = False,
+    ulysses_group: ProcessGroup | None = None,
     **multimodal_inputs,
 ) -> torch.Tensor:
     """Run ``model`` on a packed batch.
 
     Args:
         model: an HF causal LM (possibly wrapped by FSDP/DDP); Qwen3.5 models must have their patches applied.
-        packed: the packed batch (``input_ids`` ``(1, T)``).
+        packed: the packed batch (``input_ids`` ``(1, T)``); under SP every rank of the group passes the same one.
         return_hidden: return the final hidden states (after the last norm, before the LM head) instead of logits;
             the LM head is then run on zero positions, so no ``(T, V)`` tensor is materialised.
+        ulysses_group: Ulysses SP group; default: the installed one
+            (:func:`verl.utils.ulysses.set_ulysses_sequence_parallel_group`). With more than one rank, see
+            :func:`_forward_packed_ulysses`.
         **multimodal_inputs: e.g. ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` (packed, sample order).
 
     Returns:
-        ``(1, T, V)`` logits, or ``(1, T, H)`` hidden states.
+        ``(1, T, V)`` logits, or ``(1, T, H)`` hidden states (under SP too: the whole stream, on every SP rank).
     """
     _check_packed(model, packed)
+    group = ulysses_group if ulysses_group is not None else get_ulysses_sequence_parallel_group()
+    if get_ulysses_sequence_parallel_world_size(group) > 1:
+        return _forward_packed_ulysses(model, packed, group, return_hidden, multimodal_inputs)
     kwargs = dict(
         input_ids=packed.input_ids.contiguous(),
         position_ids=packed.position_ids.contiguous(),
@@ -104,6 +125,74 @@ def forward_packed(
         **multimodal_inputs,
     )
     return _call(model, kwargs, return_hidden)
+
+
+def _forward_packed_ulysses(
+    model: nn.Module, packed: PackedBatch, group: ProcessGroup, return_hidden: bool, multimodal_inputs: dict
+) -> torch.Tensor:
+    """``forward_packed`` with the packed stream split over the ranks of the Ulysses SP ``group``.
+
+    Each rank runs the model on its slice of the stream, right-padded to a multiple of SP (the padding is a
+    sequence of its own). Token mixers swap sequence and head splits around their sequence maths
+    (:mod:`verl.models.transformers.ulysses`); the final hidden states are all-gathered and unpadded at the
+    backbone's output, so the LM head (and the caller's log-prob maths) see the whole stream on every rank. The
+    gather's backward scales by SP: averaging parameter gradients over the SP group gives the gradient of the loss.
+    """
+    if any(multimodal_inputs.get(k) is not None for k in _VISION_INPUTS):
+        raise ValueError(
+            "Ulysses sequence parallelism with image/video inputs is not supported yet; set "
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 (and the ref's/critic's) for multimodal data"
+        )
+    sp_size = get_ulysses_sequence_parallel_world_size(group)
+    expected_calls = prepare_model_for_ulysses(model, sp_size)
+    _check_same_batch_on_sp_ranks(packed, group)
+    shard = shard_packed_batch(packed, group)
+    context = UlyssesContext.from_shard(shard, group)
+    kwargs = dict(
+        input_ids=shard.input_ids,
+        position_ids=shard.position_ids,
+        attention_mask=None,
+        use_cache=False,
+        cu_seq_lens_q=shard.cu_seqlens,
+        cu_seq_lens_k=shard.cu_seqlens,
+        max_length_q=shard.max_seqlen,
+        max_length_k=shard.max_seqlen,
+        **{PACKED_CU_SEQLENS_KWARG: shard.cu_seqlens, ULYSSES_KWARG: context},
+        **multimodal_inputs,
+    )
+
+    def gather_hidden(_module, _args, output):
+        hidden = gather_outputs_and_unpad(
+            output[0], gather_dim=1, unpad_dim=1, padding_size=shard.pad_size, group=group
+        )
+        if isinstance(output, tuple):
+            return (hidden, *output[1:])
+        output.last_hidden_state = hidden
+        return output
+
+    handle = _backbone(model).register_forward_hook(gather_hidden, prepend=True)
+    try:
+        result = _call(model, kwargs, return_hidden)
+    finally:
+        handle.remove()
+    context.check_calls(*expected_calls)
+    return result
+
+
+def _check_same_batch_on_sp_ranks(packed: PackedBatch, group: ProcessGroup) -> None:
+    """SP ranks must hold the same micro-batch (the worker all-gathers it over the SP group); a cheap fingerprint
+    (token count, sequence count, position-weighted id sum) is compared, since different batches would silently
+    mix sequences of different samples."""
+    ids = packed.input_ids.reshape(-1).long()
+    weights = torch.arange(ids.numel(), device=ids.device) % 1009 + 1
+    mine = torch.stack([ids.new_tensor(ids.numel()), ids.new_tensor(packed.cu_seqlens.numel()), (ids * weights).sum()])
+    everyone = all_gather_tensor(mine[None], group)
+    if not bool((everyone == mine).all()):
+        raise RuntimeError(
+            "Ulysses SP: the ranks of one SP group received different micro-batches "
+            f"(token count, sequences + 1, checksum per rank: {everyone.tolist()}); every SP rank must hold the same "
+            "packed batch (gather the data over the SP group before the forward)"
+        )
 
 
 def forward_padded(

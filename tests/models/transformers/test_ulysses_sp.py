@@ -1,0 +1,213 @@
+"""Ulysses SP on the one packed format: SP = 2 (and 4) computes what SP = 1 computes (DESIGN.md "SP 1 = 2").
+
+Tiny Llama, Qwen2, Qwen3.5 and Qwen3.5-MoE ([GDN, GDN, GDN, full attention]) models run the same packed batch
+with and without sequence parallelism over gloo ranks. The batches are chosen so that the packed length is not a
+multiple of SP (the stream is padded) and sequences straddle the rank slices: Llama/Qwen2 lengths (7, 1, 12, 5),
+T = 25 -> 26 with SP 2, slices [0, 13) [13, 26): the third sequence [8, 20) lies in both; Qwen3.5 lengths
+(37, 1, 50, 29), T = 117 -> 118, slices [0, 59) [59, 118): the third sequence [38, 88) lies in both.
+
+Log-probs: fp32, max |Δ| <= 1e-5 (only the reduction order of per-head attention differs). Gradients: the SP
+gradient of every parameter averaged over the SP ranks (what FSDP's all-reduce does) equals the SP = 1 gradient
+to 1e-4 of its largest entry (fp32 sums over different token splits).
+"""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from verl.models.tiny import build_tiny_model
+from verl.models.transformers.packed_forward import forward_packed
+from verl.models.transformers.patch_registry import apply_patches
+from verl.utils.packing import PackedBatch, pack_padded_batch
+
+pytestmark = pytest.mark.dist
+
+VOCAB = 128
+LENGTHS = {"llama": (7, 1, 12, 5), "qwen2": (7, 1, 12, 5), "qwen3_5": (37, 1, 50, 29), "qwen3_5_moe": (37, 1, 50, 29)}
+KINDS = tuple(LENGTHS)
+
+
+def _model(kind: str, **overrides) -> torch.nn.Module:
+    if kind in ("llama", "qwen2"):
+        common = dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
+        common.update(overrides)
+        torch.manual_seed(0)
+        config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common)
+        config._attn_implementation = "sdpa"
+        return (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(config).float()
+    model = build_tiny_model(kind, VOCAB, seed=0, **overrides)
+    with torch.no_grad():  # slow GDN decay: a state leaked across a boundary would stay visible (test_qwen3_5.py)
+        for module in model.modules():
+            if hasattr(module, "A_log"):
+                module.A_log.fill_(torch.log(torch.tensor(0.05)).item())
+    apply_patches(model, platform="cpu", report=False)
+    return model
+
+
+def _packed(lengths, seed: int = 1) -> PackedBatch:
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths) + 2
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, width - n :] = torch.randint(1, VOCAB, (n,), generator=gen)
+        mask[row, width - n :] = 1
+    return pack_padded_batch(ids, mask)
+
+
+def _next_token_logprobs(logits: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
+    """(T - 1,) fp32 log p(token t+1 | ...) over the packed stream, 0 where t is the last token of its sequence."""
+    ids = packed.input_ids[0]
+    lp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, ids[1:, None]).squeeze(-1)
+    is_last = torch.zeros(ids.numel(), dtype=torch.bool)
+    is_last[packed.cu_seqlens[1:].long() - 1] = True
+    return lp.masked_fill(is_last[:-1], 0.0)
+
+
+def _run(model, packed, group):
+    """Log-probs and parameter gradients of sum(w * log-probs) with fixed weights w (same on every rank)."""
+    model.zero_grad()
+    lp = _next_token_logprobs(forward_packed(model, packed, ulysses_group=group), packed)
+    weights = torch.linspace(0.5, 1.5, lp.numel())
+    (lp * weights).sum().backward()
+    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()}
+    return lp.detach(), grads
+
+
+def _sp_mean(grads: dict, group) -> dict:
+    """Average over the SP ranks, parameter by parameter in a fixed order (every rank joins every all-reduce)."""
+    world = dist.get_world_size(group)
+    for name in sorted(grads):
+        dist.all_reduce(grads[name], group=group)
+        grads[name] /= world
+    return grads
+
+
+def _compare(model, packed, group) -> dict:
+    lp1, g1 = _run(model, packed, None)
+    lp_sp, g_sp = _run(model, packed, group)
+    g_sp = _sp_mean(g_sp, group)
+    rel = {n: ((g_sp[n] - g1[n]).abs().max() / g1[n].abs().max().clamp(min=1e-12)).item() for n in g1}
+    nonzero = sum(bool(g.abs().max() > 0) for g in g1.values())
+    return {"lp": (lp1 - lp_sp).abs().max().item(), "grad": max(rel.values()), "nonzero": nonzero, "params": len(g1)}
+
+
+def _equivalence(group, kinds: tuple[str, ...], checkpointing: bool) -> dict:
+    res = {kind: _compare(_model(kind), _packed(LENGTHS[kind]), group) for kind in kinds}
+    if not checkpointing:
+        return res
+    ckpt = _model("qwen3_5").train()
+    ckpt.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    res["qwen3_5+checkpointing"] = _compare(ckpt, _packed(LENGTHS["qwen3_5"]), group)
+    return res
+
+
+def _worker_core_log_probs(group) -> float:
+    """The workers' log-prob core unchanged, with only the SP group installed: fused LM head + entropy."""
+    from verl.utils.ulysses import set_ulysses_sequence_parallel_group
+    from verl.workers.core.model_forward import LogProbOptions, forward_log_probs
+
+    model = _model("qwen3_5_moe")
+    packed = _packed(LENGTHS["qwen3_5_moe"], seed=3)
+    width = max(LENGTHS["qwen3_5_moe"]) + 2
+    ids = torch.zeros(packed.batch_size * width, dtype=torch.long).index_copy(0, packed.indices, packed.input_ids[0])
+    mask = torch.zeros(packed.batch_size * width, dtype=torch.long).index_fill(0, packed.indices, 1)
+    batch = {"input_ids": ids.view(-1, width), "attention_mask": mask.view(-1, width)}
+    batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    kwargs = dict(response_length=20, temperature=0.7, calculate_entropy=True, options=LogProbOptions())
+    with torch.no_grad():
+        ref = forward_log_probs(model, batch, **kwargs)
+        set_ulysses_sequence_parallel_group(group)
+        try:
+            sp = forward_log_probs(model, batch, **kwargs)
+        finally:
+            set_ulysses_sequence_parallel_group(None)
+    return max((ref[k] - sp[k]).abs().max().item() for k in ("log_probs", "entropys"))
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except (ValueError, RuntimeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _guards(rank: int, group) -> dict:
+    """Misuse is refused on every rank (symmetrically, so no rank hangs in a collective)."""
+    res = {}
+    model = _model("llama")
+    other = _packed((7, 1, 12, 5), seed=1 + rank)  # rank 1 gets different tokens
+    res["different_batches"] = _error(lambda: forward_packed(model, other, ulysses_group=group))
+    three_heads = _model("llama", hidden_size=24, num_attention_heads=3, num_key_value_heads=3)
+    res["heads"] = _error(lambda: forward_packed(three_heads, _packed((7, 1, 12, 5)), ulysses_group=group))
+    bypassed = _model("llama")
+    forward_packed(bypassed, _packed((3, 4)), ulysses_group=group)  # installs the SP attention wrapper
+    del bypassed.model.layers[1].self_attn.forward  # a later patch dropping the wrapper: silent local attention
+    res["bypassed"] = _error(lambda: forward_packed(bypassed, _packed((7, 1, 12, 5)), ulysses_group=group))
+    return res
+
+
+def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    group = dist.new_group(list(range(world)))
+    if world == 2:
+        res = {"equivalence": _equivalence(group, KINDS, checkpointing=True)}
+        res["worker_core"] = _worker_core_log_probs(group)
+        res["guards"] = _guards(rank, group)
+    else:  # the kinds whose replication paths SP 4 exercises (Llama: KV heads; Qwen3.5: KV and GDN key heads)
+        res = {"equivalence": _equivalence(group, ("llama", "qwen3_5"), checkpointing=False)}
+    torch.save(res, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def _spawn(world: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "init"), tmp), nprocs=world, join=True)
+        return [torch.load(os.path.join(tmp, f"{rank}.pt")) for rank in range(world)]
+
+
+def _assert_equivalent(results: list[dict]) -> None:
+    for res in results:
+        for kind, r in res["equivalence"].items():
+            assert r["lp"] <= 1e-5, (kind, r)
+            assert r["grad"] <= 1e-4, (kind, r)
+            # the comparison is not vacuous: (nearly) every parameter has a gradient
+            assert r["nonzero"] >= r["params"] - 4, (kind, r)
+
+
+def test_sp2_equals_sp1_for_every_model_and_refuses_misuse():
+    """Invariant (DESIGN.md): with SP = 2 the packed log-probs of Llama, Qwen2, Qwen3.5 and Qwen3.5-MoE equal SP = 1
+    (fp32 1e-5) and the SP-averaged parameter gradients equal the SP = 1 gradients (1e-4 relative), also with
+    gradient checkpointing; the workers' log-prob core (fused LM head + entropy) gives the same log-probs and
+    entropy when only the SP group is installed. Misuse raises on every rank: different micro-batches on the SP
+    ranks, heads not divisible by SP (naming the config key), an attention layer that bypassed the SP wrapper."""
+    results = _spawn(2)
+    _assert_equivalent(results)
+    for res in results:
+        assert res["worker_core"] <= 1e-5
+        guards = res["guards"]
+        assert guards["different_batches"].startswith("RuntimeError: Ulysses SP: the ranks of one SP group")
+        assert "ulysses_sequence_parallel_size=2" in guards["heads"] and guards["heads"].startswith("ValueError")
+        assert guards["bypassed"].startswith("RuntimeError: Ulysses SP forward: 1/2 attention")
+
+
+def test_sp4_equals_sp1_with_replicated_kv_and_gdn_key_heads():
+    """Invariant: SP = 4 equals SP = 1 as above. With 4 ranks the tiny models' 2 KV heads (attention) and 2 GDN key
+    heads are fewer than the ranks, so they are replicated (each rank holds the key head of its query/value heads);
+    T = 25 -> 28 (Llama) and 117 -> 120 (Qwen3.5) are padded by 3."""
+    _assert_equivalent(_spawn(4))
