@@ -156,3 +156,39 @@ def test_workers_one_step_two_ranks(tmp_path, strategy):
     torch.testing.assert_close(out["reloaded"], out["new"], rtol=0, atol=0)
     assert torch.all(out["values"][~mask] == 0)
     assert {"critic/vf_loss", "critic/grad_norm", "critic/lr"} <= set(out["critic_metrics"])
+
+
+@pytest.mark.dist
+def test_actor_rollout_worker_through_ray(tmp_path):
+    """Invariant: through a 2-worker Ray group (nd-mesh dispatch), init_model + generate_sequences +
+    compute_log_prob return one row per prompt row in the driver's order, and the old log-probs equal the naive
+    log-softmax of the HF checkpoint's logits at the rollout temperature (fp32: 1e-5)."""
+    import ray
+
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    model_path = _model_dir(tmp_path)
+    cfg = _config(model_path, "fsdp2")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        pool = RayResourcePool(process_on_nodes=[2], use_gpu=True, max_colocate_count=1)
+        cls = RayClassWithInitArgs(
+            ray.remote(ActorRolloutRefWorker), config=cfg.actor_rollout_ref, role="actor_rollout"
+        )
+        group = RayWorkerGroup(pool, cls)
+        group.init_model()
+        prompts = DataProto.concat([_prompts(0, 0), _prompts(1, 0)])
+        gen = group.generate_sequences(prompts)
+        assert torch.equal(gen.batch["prompts"], prompts.batch["input_ids"])
+        old = group.compute_log_prob(gen).batch["old_log_probs"]
+    finally:
+        ray.shutdown()
+    model = Qwen2ForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    td = gen.batch
+    with torch.no_grad():
+        logits = model(input_ids=td["input_ids"], attention_mask=td["attention_mask"], position_ids=td["position_ids"])
+    logp = torch.log_softmax(logits.logits[:, -RESPONSE_LEN - 1 : -1].float(), -1)
+    expected = logp.gather(-1, td["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = td["attention_mask"][:, -RESPONSE_LEN:].bool()
+    torch.testing.assert_close(old[mask], expected[mask], rtol=0, atol=1e-5)

@@ -3,7 +3,8 @@
 Each worker is one process of a worker group; the driver reaches it only through ``@register``-ed methods
 (typed facades in ``verl.trainer.ppo.worker_groups``). One training step touches them in this order::
 
-    generate_sequences   (rollout; HF generate on the actor module)    mesh "rollout"
+    generate_sequences   (rollout: hf generates with the actor module;  mesh "rollout"
+                          vllm gets the weights streamed in first)
     compute_log_prob     (actor, old log-probs + entropy for the metric) mesh "actor"
     compute_ref_log_prob (reference policy)                              mesh "ref"
     compute_values / update_critic                                       CriticWorker, mesh "critic"
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
@@ -207,14 +209,24 @@ class ActorRolloutRefWorker(Worker):
 
     def _build_rollout(self) -> None:
         rollout_cls = get_rollout_class(self.rollout_config.name, self.rollout_config.mode)
-        if self.rollout_config.name != "hf":
-            raise NotImplementedError(
-                f"actor_rollout_ref.rollout.name={self.rollout_config.name} is not wired into the legacy FSDP worker "
-                "of this release; use actor_rollout_ref.rollout.name=hf"
+        if self.rollout_config.name == "hf":
+            # generates with the actor module itself: no weight copy
+            self.rollout = rollout_cls(self.actor_module_fsdp, self.rollout_config, self.model_config)
+            self.rollout_sharding_manager = FSDPHFShardingManager(
+                self.actor_module_fsdp, self.actor_config.fsdp_config.param_offload
             )
-        self.rollout = rollout_cls(self.actor_module_fsdp, self.rollout_config, self.model_config)
-        self.rollout_sharding_manager = FSDPHFShardingManager(
-            self.actor_module_fsdp, self.actor_config.fsdp_config.param_offload
+            return
+        from verl.workers.sharding_manager.vllm_weight_sync import FSDPVLLMShardingManager
+
+        tp = self.rollout_config.tensor_model_parallel_size
+        if tp < 1 or self.world_size % tp:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the {self.world_size} ranks"
+            )
+        mesh = init_device_mesh(get_device_name(), (self.world_size // tp, tp), mesh_dim_names=("dp", "infer_tp"))
+        self.rollout = rollout_cls(self.rollout_config, self.model_config, mesh)
+        self.rollout_sharding_manager = FSDPVLLMShardingManager(
+            self.actor_module_fsdp, self.rollout, dp_rank=self.rank // tp, seed=self.actor_config.fsdp_config.seed
         )
 
     def _build_ref(self) -> None:
