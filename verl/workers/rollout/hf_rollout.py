@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from tensordict import TensorDict
 
@@ -121,11 +122,17 @@ class HFRollout(BaseRollout):
                     use_cache=True,
                     return_dict_in_generate=True,
                     output_scores=bool(self.config.calculate_log_probs),
+                    synced_gpus=self._synced(),
                     **kwargs,
                 )
         finally:
             self.module.train(was_training)
         return self._assemble(idx, attention_mask, position_ids, out, eos, pad)
+
+    def _synced(self) -> bool:
+        # Every decoding step of a sharded model all-gathers parameters on every rank: a rank whose sequences all
+        # finished must keep stepping until every rank has, or the collectives stop matching (a hang).
+        return adapter_for(self.module) is not None and dist.is_initialized() and dist.get_world_size() > 1
 
     def _generate_fn(self):
         # FSDP2 modules are the HF model itself. An FSDP1 wrapper forwards `generate` to the inner HF model, whose
