@@ -4,7 +4,8 @@ expert parameters without ``weight_loader``.
 The engine is the fake vLLM model of ``fake_vllm_qwen3_5.py`` (vLLM's names, stacked loaders, FusedMoE loader, a
 ``load_weights`` that calls ``param.weight_loader`` directly). The source is a tiny HF Qwen3.5-MoE from
 ``verl.models.tiny``, in both weight formats vLLM accepts: the HF in-memory fused 3-D experts
-(``experts.gate_up_proj`` [E, 2I, H]) and the checkpoint's per-expert names (``experts.{e}.gate_proj.weight``).
+(``experts.gate_up_proj`` [E, 2I, H]) and the checkpoint's per-expert names (``experts.{e}.gate_proj.weight``),
+built by hand so that these tests do not depend on transformers' reverse conversion (the sync tests use it).
 """
 
 import subprocess
@@ -13,7 +14,6 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
-from transformers.core_model_loading import revert_weight_conversion
 
 from verl.utils.vllm import patch as vllm_patch
 from verl.utils.vllm.patch import (
@@ -23,16 +23,29 @@ from verl.utils.vllm.patch import (
 )
 from verl.utils.vllm.utils import require_vllm
 
+# the field report ran transformers 5.4.0: these also run against it (make test-tf-compat)
+pytestmark = pytest.mark.tf_compat
+
 FIELD_REPORT_ERROR = "'Parameter' object has no attribute 'weight_loader'"
 
 
 def hf_weights(model: nn.Module, fmt: str) -> list[tuple[str, torch.Tensor]]:
-    """The trained model's tensors as the trainer streams them: ``fused`` = HF in-memory names, ``checkpoint`` =
-    transformers' reverse conversion (per-expert names)."""
-    state = model.state_dict()
-    if fmt == "checkpoint":
-        state = revert_weight_conversion(model, dict(state))
-    return list(state.items())
+    """The trained model's tensors as the trainer streams them: ``fused`` = HF in-memory names (3-D experts),
+    ``checkpoint`` = per-expert checkpoint names, split here by hand: gate_up_proj [E, 2I, H] -> experts.{e}.gate_proj
+    = rows [0, I) and up_proj = rows [I, 2I) of expert e; down_proj [E, H, I] -> experts.{e}.down_proj = [e]."""
+    out = []
+    for name, tensor in model.state_dict().items():
+        if fmt == "fused" or not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            out.append((name, tensor))
+            continue
+        prefix = name.rsplit(".", 1)[0]
+        for e in range(tensor.shape[0]):
+            if name.endswith("gate_up_proj"):
+                gate, up = tensor[e].chunk(2, dim=0)
+                out += [(f"{prefix}.{e}.gate_proj.weight", gate), (f"{prefix}.{e}.up_proj.weight", up)]
+            else:
+                out.append((f"{prefix}.{e}.down_proj.weight", tensor[e]))
+    return out
 
 
 def expected_vllm_state(hf_state: dict[str, torch.Tensor], transposed_experts: bool, multimodal: bool) -> dict:

@@ -17,12 +17,17 @@ from verl.models.tiny import build_tiny_model
 from verl.utils.platform.npu_sim.pytest_plugin import npu_sim  # noqa: F401
 from verl.workers.sharding_manager.vllm_weight_sync import (
     FSDPVLLMShardingManager,
+    align_names_to_engine,
     group_by_layer,
     iter_full_tensors,
     iter_vllm_weights,
     load_weights_into_vllm,
+    split_fused_experts,
     sync_actor_weights_to_vllm,
 )
+
+# the field report ran transformers 5.4.0: these also run against it (make test-tf-compat)
+pytestmark = pytest.mark.tf_compat
 
 FAKE_PATH = Path(__file__).parents[2] / "utils" / "vllm" / "fake_vllm_qwen3_5.py"
 
@@ -116,18 +121,47 @@ def test_group_by_layer_is_lazy_and_keeps_blocks_together():
     assert [list(g) for g in groups] == [["model.layers.1.a"], ["visual.blocks.0.x"], ["lm.w"]]
 
 
-def test_checkpoint_format_splits_experts_and_casts_floats():
-    """iter_vllm_weights on a plain model yields the checkpoint's per-expert names (E=4 experts x 3 projections
-    replace 2 fused tensors per layer) in the rollout dtype; the values are the HF tensors cast to bf16."""
+def test_per_expert_format_splits_experts_and_casts_floats():
+    """The default format yields per-expert names (E=4 experts x 3 projections replace 2 fused tensors per layer)
+    in the rollout dtype, values cast to bf16; 'hf' keeps the fused tensors; 'checkpoint' (transformers' reverse
+    conversion) splits the same way."""
     model = tiny()
     weights = dict(iter_vllm_weights(model, dtype=torch.bfloat16))
     n_layers, n_experts = 4, 4
     assert len(weights) == len(model.state_dict()) + n_layers * (3 * n_experts - 2)
-    gate_up = model.model.layers[2].mlp.experts.gate_up_proj.detach()  # [E, 2I, H], gate rows first
+    gate_up = model.model.layers[2].mlp.experts.gate_up_proj.detach()  # [E, 2I=32, H], gate rows first
     assert torch.equal(weights["model.layers.2.mlp.experts.3.up_proj.weight"], gate_up[3, 16:].bfloat16())
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
-    fused = dict(iter_vllm_weights(model, checkpoint_format=False))
+    fused = dict(iter_vllm_weights(model, weight_format="hf"))
     assert torch.equal(fused["model.layers.2.mlp.experts.gate_up_proj"], gate_up)
+    # transformers 5.4 names the text model model.language_model.* here, 5.24 model.*: both are valid checkpoints
+    checkpoint = dict(iter_vllm_weights(model, weight_format="checkpoint"))
+    (up_name,) = [n for n in checkpoint if n.endswith("layers.2.mlp.experts.3.up_proj.weight")]
+    assert torch.equal(checkpoint[up_name], gate_up[3, 16:]) and len(checkpoint) == len(weights)
+    with pytest.raises(ValueError, match="weight_format"):
+        next(iter_vllm_weights(model, weight_format="fused"))
+
+
+def test_split_fused_experts_by_hand():
+    """E=2, I=1, H=2: gate_up [[g0; u0], [g1; u1]] -> gate_proj/up_proj rows per expert, down [E, H=2, I=1] -> per
+    expert; other tensors keep their place; a pair that is not [E, 2I, H] / [E, H, I] is refused."""
+    gate_up = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
+    down = torch.tensor([[[9.0], [10.0]], [[11.0], [12.0]]])
+    group = {"l.0.norm": torch.zeros(1), "l.0.mlp.experts.gate_up_proj": gate_up, "l.0.mlp.experts.down_proj": down}
+    out = split_fused_experts(group)
+    assert list(out) == [
+        "l.0.norm",
+        "l.0.mlp.experts.0.gate_proj.weight", "l.0.mlp.experts.0.up_proj.weight",
+        "l.0.mlp.experts.1.gate_proj.weight", "l.0.mlp.experts.1.up_proj.weight",
+        "l.0.mlp.experts.0.down_proj.weight", "l.0.mlp.experts.1.down_proj.weight",
+    ]  # fmt: skip
+    assert out["l.0.mlp.experts.1.gate_proj.weight"].tolist() == [[5.0, 6.0]]
+    assert out["l.0.mlp.experts.1.up_proj.weight"].tolist() == [[7.0, 8.0]]
+    assert out["l.0.mlp.experts.0.down_proj.weight"].tolist() == [[9.0], [10.0]]
+    transposed = {**group, "l.0.mlp.experts.gate_up_proj": gate_up.transpose(1, 2).repeat(1, 1, 1)}
+    transposed["l.0.mlp.experts.down_proj"] = torch.zeros(2, 1, 2)  # [E, I, H]: not the standard layout
+    with pytest.raises(ValueError, match="weight_format='checkpoint'"):
+        split_fused_experts(transposed)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5_moe", "qwen3_5_moe_vl"])
@@ -144,6 +178,37 @@ def test_sync_into_ascend_like_engine(kind, dtype):
     assert_engine_holds(engine, model.state_dict(), dtype, prefix_map)
     assert report.num_tensors == len(list(iter_vllm_weights(model)))
     assert report.num_bytes == sum(t.numel() * dtype.itemsize for _, t in iter_vllm_weights(model))
+
+
+def test_language_model_prefix_follows_the_engine():
+    """The trainer may emit a VLM's text weights as model.language_model.* (multimodal checkpoint names; always so
+    after transformers 5.4's reverse conversion) or model.* (text-only class): a text-only engine gets model.* and
+    no vision weights, a multimodal wrapper gets model.language_model.*; other names pass unchanged."""
+    vllm = fake_vllm()
+    text_engine = vllm.build_fake_vllm_model(tiny().config, "cuda")
+    vl_engine = vllm.build_fake_vllm_model(tiny("qwen3_5_moe_vl").config, "cuda")
+    names = ["model.language_model.norm.weight", "model.norm.weight", "model.visual.pos_embed.weight", "lm_head.weight"]
+    weights = [(n, torch.zeros(1)) for n in names]
+    assert [n for n, _ in align_names_to_engine(weights, text_engine)] == [
+        "model.norm.weight", "model.norm.weight", "lm_head.weight"
+    ]  # fmt: skip
+    assert [n for n, _ in align_names_to_engine(weights, vl_engine)] == [
+        "model.language_model.norm.weight", "model.language_model.norm.weight", "model.visual.pos_embed.weight",
+        "lm_head.weight",
+    ]  # fmt: skip
+
+
+def test_multimodal_checkpoint_names_into_a_text_engine():
+    """A text model trained from a multimodal checkpoint streams model.language_model.* names; the text-only engine
+    still receives every weight exactly."""
+    model = tiny()
+    engine = fake_vllm().build_fake_vllm_model(model.config, "ascend")
+    vl_prefix = "model.language_model."
+    renamed = [(vl_prefix + n[len("model.") :] if n.startswith("model.") and not n.startswith(vl_prefix) else n, t)
+               for n, t in iter_vllm_weights(model)]  # fmt: skip
+    assert all(n.startswith((vl_prefix, "lm_head.")) for n, _ in renamed)
+    load_weights_into_vllm(engine, renamed)
+    assert_engine_holds(engine, model.state_dict())
 
 
 def test_a_second_sync_overwrites_the_first():

@@ -4,16 +4,23 @@
  actor (HF model; plain, FSDP1 or FSDP2; params possibly offloaded to the CPU)
    │ iter_full_tensors     state_dict() -> per tensor: local shard -> compute device -> rollout dtype -> all-gather
    │ group_by_layer        consecutive tensors of one decoder/vision block ("...layers.N.")
-   │ to_checkpoint_format  transformers' reverse weight conversion (fused 3-D experts -> per-expert names, renames)
+   │ weight_format         "per_expert" (default): fused 3-D experts -> experts.{e}.{gate,up,down}_proj.weight
+   │                       "checkpoint": transformers' reverse weight conversion;  "hf": in-memory names as they are
    ▼
  vLLM model.load_weights(iterator)     HF name -> vLLM name, stacking, TP slicing: vLLM's own loader
    (after repair_moe_weight_loaders:   field-report item 1)
 ```
 
 Peak extra memory is one layer's full tensors in the rollout dtype: no rank ever holds the whole model, and an
-offloaded shard is moved to the device only for its own all-gather. The checkpoint format is what every vLLM model
-loader is written for (the engine itself was built from that checkpoint); vLLM >= 0.17's Qwen3.5 loader also accepts
-the in-memory fused experts, older loaders of other MoE families do not.
+offloaded shard is moved to the device only for its own all-gather.
+
+Weight formats. transformers 5 keeps MoE experts fused (``mlp.experts.gate_up_proj [E, 2I, H]``, gate rows first,
+``mlp.experts.down_proj [E, H, I]``); checkpoints and most vLLM loaders use per-expert names. vLLM >= 0.17's Qwen3.5
+loader accepts both (qwen3_5_model.md §6.1), older loaders of other MoE families only the per-expert ones. The
+default ``per_expert`` undoes transformers' standard expert merge (the ``qwen2_moe`` conversion shared by Qwen2/3-MoE,
+Qwen3.5, DeepSeek-V2/V3, GLM-4-MoE ...) without depending on the transformers version. ``checkpoint`` runs
+transformers' own reverse conversion, which also undoes renames (e.g. Mixtral's); transformers 5.4 mangles the
+``language_model`` prefix of multimodal models that were not loaded with ``from_pretrained``, so it is opt-in.
 """
 
 from __future__ import annotations
@@ -32,10 +39,12 @@ from verl.utils.vllm.patch import WeightLoaderRepair, repair_moe_weight_loaders,
 __all__ = [
     "FSDPVLLMShardingManager",
     "WeightSyncReport",
+    "align_names_to_engine",
     "group_by_layer",
     "iter_full_tensors",
     "iter_vllm_weights",
     "load_weights_into_vllm",
+    "split_fused_experts",
     "sync_actor_weights_to_vllm",
     "to_checkpoint_format",
 ]
@@ -148,20 +157,62 @@ def to_checkpoint_format(hf_model: nn.Module | None, group: dict[str, torch.Tens
     return revert_weight_conversion(hf_model, group)
 
 
+def split_fused_experts(group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One layer's tensors with transformers' fused experts split per expert (other tensors unchanged, in order).
+
+    ``P.gate_up_proj [E, 2I, H]`` -> ``P.{e}.gate_proj.weight = [e, :I]``, ``P.{e}.up_proj.weight = [e, I:]``;
+    ``P.down_proj [E, H, I]`` -> ``P.{e}.down_proj.weight = [e]``, for ``P`` ending in ``experts``. Raises ValueError
+    when the pair's shapes are not that layout (another model family: use ``weight_format="checkpoint"``).
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in group.items():
+        prefix, _, leaf = name.rpartition(".")
+        if not prefix.endswith("experts") or leaf not in ("gate_up_proj", "down_proj") or tensor.dim() != 3:
+            out[name] = tensor
+            continue
+        _check_expert_layout(prefix, group)
+        for e in range(tensor.shape[0]):
+            if leaf == "gate_up_proj":
+                gate, up = tensor[e].chunk(2, dim=0)
+                out[f"{prefix}.{e}.gate_proj.weight"], out[f"{prefix}.{e}.up_proj.weight"] = gate, up
+            else:
+                out[f"{prefix}.{e}.down_proj.weight"] = tensor[e]
+    return out
+
+
+def _check_expert_layout(prefix: str, group: dict[str, torch.Tensor]) -> None:
+    gate_up, down = group.get(f"{prefix}.gate_up_proj"), group.get(f"{prefix}.down_proj")
+    if gate_up is None or down is None:
+        return  # only one of the pair in this layer group: nothing to cross-check
+    num_experts, rows, hidden = gate_up.shape
+    if rows % 2 or tuple(down.shape) != (num_experts, hidden, rows // 2):
+        raise ValueError(
+            f"{prefix}: fused experts gate_up_proj {tuple(gate_up.shape)} / down_proj {tuple(down.shape)} are not "
+            "transformers' standard [E, 2I, H] / [E, H, I] layout; sync with weight_format='checkpoint' (transformers' "
+            "reverse conversion) or 'hf'"
+        )
+
+
+_WEIGHT_FORMATS = ("per_expert", "checkpoint", "hf")
+
+
 def iter_vllm_weights(
     module: nn.Module,
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
-    checkpoint_format: bool = True,
+    weight_format: str = "per_expert",
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The actor's weights as vLLM's ``load_weights`` wants them, streamed layer by layer (see module docstring).
-
-    ``checkpoint_format=False`` keeps the HF in-memory names (fused experts), which only recent loaders accept.
-    """
-    hf_model = _find_hf_model(module) if checkpoint_format else None
+    """The actor's weights as vLLM's ``load_weights`` wants them, streamed layer by layer (see module docstring)."""
+    if weight_format not in _WEIGHT_FORMATS:
+        raise ValueError(f"weight_format={weight_format!r}; valid: {_WEIGHT_FORMATS}")
+    hf_model = _find_hf_model(module) if weight_format == "checkpoint" else None
     for group in group_by_layer(iter_full_tensors(module, dtype=dtype, device=device)):
-        yield from to_checkpoint_format(hf_model, group).items()
+        if weight_format == "per_expert":
+            group = split_fused_experts(group)
+        elif weight_format == "checkpoint":
+            group = to_checkpoint_format(hf_model, group)
+        yield from group.items()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -187,11 +238,35 @@ class _Counting:
         return name, tensor
 
 
+def align_names_to_engine(
+    weights: Iterable[tuple[str, torch.Tensor]], engine: nn.Module
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Map between the two HF layouts of a VLM's language model to the one the engine was built from.
+
+    HF multimodal checkpoints name the text model ``model.language_model.*`` (vision ``model.visual.*``); the
+    text-only class names it ``model.*``. Which one the trainer emits depends on the class it trains and on the
+    transformers version (5.4's reverse conversion always adds ``language_model``, 5.24's only for a model loaded
+    from such a checkpoint). A vLLM multimodal wrapper (it has a ``language_model`` child) takes the first, a
+    text-only model the second, and has no place for vision weights.
+    """
+    multimodal = isinstance(getattr(engine, "language_model", None), nn.Module)
+    text_vl, text = "model.language_model.", "model."
+    for name, tensor in weights:
+        if multimodal and name.startswith(text) and not name.startswith((text_vl, "model.visual.")):
+            name = text_vl + name[len(text) :]
+        elif not multimodal and name.startswith(text_vl):
+            name = text + name[len(text_vl) :]
+        elif not multimodal and name.startswith("model.visual."):
+            continue
+        yield name, tensor
+
+
 def load_weights_into_vllm(vllm_model: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncReport:
-    """Repair the model's MoE weight loaders, then hand ``weights`` to the model's own ``load_weights``."""
+    """Repair the model's MoE weight loaders, then hand ``weights`` (names aligned to the engine's layout) to the
+    model's own ``load_weights``."""
     model = unwrap_vllm_model(vllm_model)
     repair = repair_moe_weight_loaders(model)
-    counting = _Counting(weights)
+    counting = _Counting(align_names_to_engine(weights, model))
     model.load_weights(counting)
     return WeightSyncReport(num_tensors=counting.num_tensors, num_bytes=counting.num_bytes, repair=repair)
 
@@ -202,10 +277,10 @@ def sync_actor_weights_to_vllm(
     *,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
-    checkpoint_format: bool = True,
+    weight_format: str = "per_expert",
 ) -> WeightSyncReport:
     """Stream ``actor_module``'s weights (plain/FSDP1/FSDP2, offloaded or not) into ``vllm_model``."""
-    weights = iter_vllm_weights(actor_module, dtype=dtype, device=device, checkpoint_format=checkpoint_format)
+    weights = iter_vllm_weights(actor_module, dtype=dtype, device=device, weight_format=weight_format)
     report = load_weights_into_vllm(vllm_model, weights)
     logger.info("synced %d tensors (%.1f MiB) into vLLM", report.num_tensors, report.num_bytes / 2**20)
     return report
@@ -221,7 +296,7 @@ class FSDPVLLMShardingManager:
 
     ``rollout`` is a :class:`verl.workers.rollout.vllm_rollout.vLLMRollout` (``wake_up(tags)``, ``sleep()``,
     ``load_weights(weights)``, ``config.dtype``). ``device`` (default: this rank's accelerator) is where each
-    shard is gathered and where the full tensors are handed to vLLM. The generation RNG is seeded with ``seed + dp_rank``: the ranks of
+    shard is gathered and where the full tensors are handed to vLLM; ``weight_format`` see :func:`iter_vllm_weights`. The generation RNG is seeded with ``seed + dp_rank``: the ranks of
     one tensor-parallel engine share a dp rank, so their samplers draw the same tokens.
     """
 
@@ -233,6 +308,7 @@ class FSDPVLLMShardingManager:
         dp_rank: int = 0,
         seed: int = 1000,
         device: torch.device | str | None = None,
+        weight_format: str = "per_expert",
     ) -> None:
         from verl.utils.fsdp_utils import to_torch_dtype
 
@@ -240,6 +316,7 @@ class FSDPVLLMShardingManager:
         self.rollout = rollout
         # offloaded shards must reach the collective backend's device before their gather
         self.device = torch.device(device) if device is not None else _compute_device()
+        self.weight_format = weight_format
         self.dtype = to_torch_dtype(rollout.config.dtype)
         self._gen_rng_state = _seeded_rng_state(seed + dp_rank)
         self._train_rng_state: torch.Tensor | None = None
@@ -251,7 +328,7 @@ class FSDPVLLMShardingManager:
         platform = get_platform()
         self.rollout.wake_up(tags=["weights"])
         self.last_report = self.rollout.load_weights(
-            iter_vllm_weights(self.module, dtype=self.dtype, device=self.device)
+            iter_vllm_weights(self.module, dtype=self.dtype, device=self.device, weight_format=self.weight_format)
         )
         platform.empty_cache()
         self.rollout.wake_up(tags=["kv_cache"])
