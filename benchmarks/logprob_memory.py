@@ -53,7 +53,7 @@ class BenchConfig:
     fwd_tokens: int = 4_096
     bwd_tokens: int = 1_024
     chunk_size: int = 512
-    fused_chunk_size: int = 256
+    fused_chunk_size: int = 128
     threads: int = 1
 
 

@@ -111,7 +111,7 @@ def _rows(temperature: _RowTemperature, start: int, end: int) -> _RowTemperature
 
 
 def _chunk_statistics(
-    z: torch.Tensor, labels: torch.Tensor | None, compute_entropy: bool
+    z: torch.Tensor, labels: torch.Tensor | None, compute_entropy: bool, scratch: torch.Tensor
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Log-probs, logsumexp and entropy of one chunk of scaled logits.
 
@@ -122,13 +122,14 @@ def _chunk_statistics(
         z: (C, V) scaled logits in the compute dtype, owned by the caller (shifted in place).
         labels: (C,) int64 token ids or None.
         compute_entropy: whether to return the entropy.
+        scratch: (C, V) work buffer of z's dtype (receives exp(z')).
 
     Returns:
         log_probs (C,) or None, lse (C,), entropy (C,) or None.
     """
     row_max = z.amax(dim=-1, keepdim=True)
     shifted = z.sub_(row_max)
-    exp_shifted = shifted.exp()
+    exp_shifted = torch.exp(shifted, out=scratch)
     sum_exp = exp_shifted.sum(dim=-1)
     log_sum_exp = sum_exp.log()
     lse = row_max.squeeze(-1) + log_sum_exp
@@ -143,44 +144,70 @@ def _chunk_statistics(
     return log_probs, lse, entropy
 
 
-def _chunk_grad_logits(
-    z: torch.Tensor,
+def _row_grad_coefficients(
     lse: torch.Tensor,
-    labels: torch.Tensor | None,
     entropy: torch.Tensor | None,
     grad_log_probs: torch.Tensor | None,
     grad_entropy: torch.Tensor | None,
     temperature: _RowTemperature,
-) -> torch.Tensor:
-    """Gradient of the loss w.r.t. one chunk of *unscaled* logits (z = logits / temperature), in z's buffer.
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Per-row factors (R, 1) of the logits gradient: g = grad_lp / t, h = grad_ent / t, c = h (lse - H) - g.
 
-    With p = softmax(z), g = grad_log_probs / t and h = grad_entropy / t (per row):
-        d loss / d logits = g * (onehot(y) - p) - h * p * (log p + entropy)
-                          = p * (-h * z + c) + g * onehot(y),   c = h * (lse - entropy) - g
-    (log p = z - lse), which costs five passes over the chunk with the temperature folded into g and h.
-
-    Args:
-        z: (C, V) recomputed scaled logits, compute dtype (overwritten).
-        lse: (C,) logsumexp saved by the forward pass; entropy: (C,) forward entropy (needed iff grad_entropy).
-        labels: (C,) token ids or None.
-        grad_log_probs, grad_entropy: (C,) upstream gradients or None (that output is unused by the loss).
-        temperature: float or (C, 1) tensor.
+    With p = softmax(z), z = logits / t and log p = z - lse, the gradient w.r.t. the logits is
+        d loss / d logits = g (onehot(y) - p) - h p (log p + H) = p (c - h z) + g onehot(y),
+    so each element needs only its row's (lse, g, h, c): any tile of the (T, V) logits can be done alone.
+    `temperature` is a float or a (R, 1) tensor; h and c are None when the entropy is not in the loss.
     """
-    lse = lse.unsqueeze(-1)
     g = grad_log_probs.unsqueeze(-1) / temperature if grad_log_probs is not None else None
     if grad_entropy is None:
-        grad = z.sub_(lse).exp_().mul_(-g)  # only the log-prob term: -g * p, one (C, V) buffer
+        return g, None, None
+    h = grad_entropy.unsqueeze(-1) / temperature
+    c = h * (lse.unsqueeze(-1) - entropy.unsqueeze(-1))
+    return g, h, c if g is None else c - g
+
+
+def _add_label_term(grad: torch.Tensor, labels: torch.Tensor, g: torch.Tensor, col_start: int) -> None:
+    """grad[r, y_r - col_start] += g_r for the rows whose label lies in this tile's columns (no host sync)."""
+    cols = labels - col_start
+    in_tile = (cols >= 0) & (cols < grad.shape[1])
+    grad.scatter_add_(1, cols.clamp(0, grad.shape[1] - 1).unsqueeze(-1), g * in_tile.unsqueeze(-1))
+
+
+def _tile_grad_logits(
+    z: torch.Tensor,
+    lse: torch.Tensor,
+    coefficients: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+    labels: torch.Tensor | None,
+    col_start: int,
+    scratch: torch.Tensor,
+) -> torch.Tensor:
+    """Gradient w.r.t. the unscaled logits of one (R, N) tile of scaled logits z, written into z's buffer.
+
+    Args:
+        z: (R, N) recomputed scaled logits of columns [col_start, col_start + N), compute dtype (overwritten).
+        lse: (R,) logsumexp of the full rows, saved by the forward pass.
+        coefficients: (g, h, c) of `_row_grad_coefficients` for these rows.
+        labels: (R,) token ids or None. scratch: (R, N) work buffer (receives p when the entropy term is present).
+    """
+    g, h, c = coefficients
+    lse = lse.unsqueeze(-1)
+    if h is None:
+        grad = z.sub_(lse).exp_().mul_(-g)  # only the log-prob term: -g p, one buffer
     else:
-        h = grad_entropy.unsqueeze(-1) / temperature
-        c = h * (lse - entropy.unsqueeze(-1))
-        if g is not None:
-            c = c - g
-        probs = torch.sub(z, lse).exp_()
-        grad = z.mul_(-h).add_(c).mul_(probs)
-        del probs
+        probs = torch.sub(z, lse, out=scratch).exp_()
+        grad = z.mul_(-h).add_(c).mul_(probs)  # five passes in all, temperature folded into g, h, c
     if g is not None and labels is not None:
-        grad.scatter_add_(-1, labels.unsqueeze(-1), g)
+        _add_label_term(grad, labels, g, col_start)
     return grad
+
+
+def _slice_coefficients(coefficients: tuple, start: int, end: int) -> tuple:
+    return tuple(None if x is None else x[start:end] for x in coefficients)
+
+
+def _column_temperature(temperature: _RowTemperature) -> _RowTemperature:
+    """(T,) per-row temperatures as a (T, 1) column; a float stays a float."""
+    return temperature.unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -188,14 +215,27 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _scaled_fp32(chunk: torch.Tensor, temperature: _RowTemperature) -> torch.Tensor:
-    """A fresh fp32 (fp64 for fp64 input) copy of `chunk` divided by the temperature; the input is untouched."""
-    dtype = _compute_dtype(chunk.dtype)
-    if not isinstance(temperature, torch.Tensor) and temperature == 1.0:
-        return chunk.to(dtype, copy=True)
-    if chunk.dtype == dtype:
-        return torch.div(chunk, temperature)  # one pass, a new buffer
-    return chunk.to(dtype).div_(temperature)
+def _scaled_copy(chunk: torch.Tensor, temperature: _RowTemperature, out: torch.Tensor) -> torch.Tensor:
+    """`out` := chunk / temperature in the compute dtype; the input is never modified (field-report item 3)."""
+    if isinstance(temperature, torch.Tensor) or temperature != 1.0:
+        if chunk.dtype == out.dtype:
+            return torch.div(chunk, temperature, out=out)  # one pass
+        return out.copy_(chunk).div_(temperature)  # upcast first: dividing in bf16 would round
+    return out.copy_(chunk)
+
+
+def _work_buffers(
+    total: int, chunk_size: int, cols: int, like: torch.Tensor
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """Chunk bounds [start, end) with two (end - start, cols) work buffers in the compute dtype.
+
+    The buffers are allocated once per pass and reused by every chunk: no allocator churn per chunk (on the CPU
+    every large allocation is a fresh mmap with page faults).
+    """
+    rows = min(chunk_size, total)
+    buffers = like.new_empty((2, rows, cols), dtype=_compute_dtype(like.dtype))
+    for start, end in _chunks(total, chunk_size):
+        yield start, end, buffers[0, : end - start], buffers[1, : end - start]
 
 
 def _flat_grad(grad: torch.Tensor | None, total: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -224,11 +264,10 @@ class LogProbEntropyFunction(torch.autograd.Function):
         log_probs = logits.new_empty(num_tokens if labels is not None else 0, dtype=dtype)
         lse = logits.new_empty(num_tokens, dtype=dtype)
         entropy = logits.new_empty(num_tokens if compute_entropy else 0, dtype=dtype)
-        for start, end in _chunks(num_tokens, chunk_size):
-            z = _scaled_fp32(logits[start:end], _rows(temperature, start, end))
+        for start, end, z, scratch in _work_buffers(num_tokens, chunk_size, logits.shape[1], logits):
+            z = _scaled_copy(logits[start:end], _rows(temperature, start, end), out=z)
             chunk_labels = labels[start:end] if labels is not None else None
-            chunk_lp, lse[start:end], chunk_ent = _chunk_statistics(z, chunk_labels, compute_entropy)
-            del z
+            chunk_lp, lse[start:end], chunk_ent = _chunk_statistics(z, chunk_labels, compute_entropy, scratch)
             if chunk_lp is not None:
                 log_probs[start:end] = chunk_lp
             if chunk_ent is not None:
@@ -253,17 +292,18 @@ class LogProbEntropyFunction(torch.autograd.Function):
         grad_entropy = _flat_grad(grad_entropy, num_tokens, lse.dtype) if entropy is not None else None
         if grad_log_probs is None and grad_entropy is None:
             return None, None, None, None, None
+        coefficients = _row_grad_coefficients(
+            lse, entropy, grad_log_probs, grad_entropy, _column_temperature(temperature)
+        )
         grad_logits = torch.empty_like(logits)
-        for start, end in _chunks(num_tokens, ctx.chunk_size):
-            rows_t = _rows(temperature, start, end)
-            grad_logits[start:end] = _chunk_grad_logits(
-                _scaled_fp32(logits[start:end], rows_t),
+        for start, end, z, scratch in _work_buffers(num_tokens, ctx.chunk_size, logits.shape[1], logits):
+            grad_logits[start:end] = _tile_grad_logits(
+                _scaled_copy(logits[start:end], _rows(temperature, start, end), out=z),
                 lse[start:end],
+                _slice_coefficients(coefficients, start, end),
                 labels[start:end] if labels is not None else None,
-                entropy[start:end] if entropy is not None else None,
-                grad_log_probs[start:end] if grad_log_probs is not None else None,
-                grad_entropy[start:end] if grad_entropy is not None else None,
-                rows_t,
+                0,
+                scratch,
             )
         return grad_logits, None, None, None, None
 
@@ -320,50 +360,68 @@ def entropy_chunked(logits: torch.Tensor, *, chunk_size: int = 2048, temperature
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _chunk_logits(hidden_chunk: torch.Tensor, weight: torch.Tensor, temperature: _RowTemperature) -> torch.Tensor:
+def _chunk_logits(
+    hidden_chunk: torch.Tensor, weight: torch.Tensor, temperature: _RowTemperature, out: torch.Tensor
+) -> torch.Tensor:
     """(C, H) @ (V, H)^T in the input dtype (fp32 accumulation inside bf16 GEMMs), then scaled fp32 (C, V).
 
     The weight is not upcast: an fp32 copy of a 248,320 x 2,048 LM head would itself cost 1.9 GiB.
     """
-    z = (hidden_chunk @ weight.t()).to(_compute_dtype(hidden_chunk.dtype))
+    if hidden_chunk.dtype == out.dtype:
+        z = torch.matmul(hidden_chunk, weight.t(), out=out)
+    else:
+        z = out.copy_(hidden_chunk @ weight.t())  # (C, V) in the input dtype for the moment of the copy
     if isinstance(temperature, torch.Tensor) or temperature != 1.0:
-        z.div_(temperature)  # z is a fresh buffer: dividing it in place touches no input
+        z.div_(temperature)  # z is a work buffer: dividing it in place touches no input
     return z
 
 
+def _vocab_tiles(
+    vocab: int, tokens: int, chunk_size: int, like: torch.Tensor
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """Vocabulary tiles [v0, v1) with two contiguous (T, v1 - v0) work buffers.
+
+    The tile width keeps T x width <= chunk_size x V, the same budget as the forward's token chunks.
+    """
+    width = max(1, min(vocab, (chunk_size * vocab) // max(tokens, 1)))
+    flat = like.new_empty((2, tokens * width), dtype=_compute_dtype(like.dtype))
+    for v0, v1 in _chunks(vocab, width):
+        size = tokens * (v1 - v0)
+        yield v0, v1, flat[0, :size].view(tokens, v1 - v0), flat[1, :size].view(tokens, v1 - v0)
+
+
 def _fused_backward(ctx, grad_log_probs, grad_entropy):
-    """Shared backward of the fused Functions: returns (grad_hidden (T, H) | None, grad_weight (V, H) | None)."""
+    """Shared backward of the fused Functions: returns (grad_hidden (T, H) | None, grad_weight (V, H) | None).
+
+    Tiled over the vocabulary with all tokens at once (the forward saved each row's lse and entropy, so a tile
+    needs nothing from the others): each weight-gradient row block is one GEMM over all T tokens, written once,
+    instead of a (V, H) read-modify-write per token chunk; only the small (T, H) hidden gradient accumulates.
+    """
     hidden, weight, labels, saved_temperature, lse, entropy = ctx.saved_tensors
-    temperature = saved_temperature if saved_temperature is not None else ctx.temperature
-    num_tokens = hidden.shape[0]
+    temperature = saved_temperature.unsqueeze(-1) if saved_temperature is not None else ctx.temperature
+    num_tokens, vocab = hidden.shape[0], weight.shape[0]
     grad_log_probs = _flat_grad(grad_log_probs, num_tokens, lse.dtype)
     grad_entropy = _flat_grad(grad_entropy, num_tokens, lse.dtype) if entropy is not None else None
     need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if (grad_log_probs is None and grad_entropy is None) or not (need_hidden or need_weight):
         return None, None
-    grad_hidden = torch.empty_like(hidden) if need_hidden else None
-    # accumulate the weight gradient in fp32: summing many bf16 chunk contributions would lose precision
-    acc_dtype = _compute_dtype(weight.dtype)
-    grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_weight else None
-    for start, end in _chunks(num_tokens, ctx.chunk_size):
-        rows_t = _rows(temperature, start, end)
-        hidden_chunk = hidden[start:end]
-        grad_z = _chunk_grad_logits(
-            _chunk_logits(hidden_chunk, weight, rows_t),
-            lse[start:end],
-            labels[start:end],
-            entropy[start:end] if entropy is not None else None,
-            grad_log_probs[start:end] if grad_log_probs is not None else None,
-            grad_entropy[start:end] if grad_entropy is not None else None,
-            rows_t,
+    coefficients = _row_grad_coefficients(lse, entropy, grad_log_probs, grad_entropy, temperature)
+    compute_dtype = lse.dtype
+    grad_hidden = torch.zeros(hidden.shape, dtype=compute_dtype, device=hidden.device) if need_hidden else None
+    grad_weight = torch.empty_like(weight) if need_weight else None
+    for v0, v1, z, scratch in _vocab_tiles(vocab, num_tokens, ctx.chunk_size, hidden):
+        weight_tile = weight[v0:v1]
+        grad_z = _tile_grad_logits(
+            _chunk_logits(hidden, weight_tile, temperature, out=z), lse, coefficients, labels, v0, scratch
         )
+        low_precision = grad_z.dtype != weight.dtype
+        grad_z_w = grad_z.to(weight.dtype) if low_precision else grad_z  # upstream also casts dlogits
         if need_hidden:
-            grad_hidden[start:end] = grad_z.to(weight.dtype) @ weight
+            grad_hidden.add_(grad_z_w @ weight_tile) if low_precision else grad_hidden.addmm_(grad_z, weight_tile)
         if need_weight:
-            grad_weight.addmm_(grad_z.t(), hidden_chunk.to(acc_dtype))  # in place: no (V, H) temporary
-        del grad_z
-    if grad_weight is not None and grad_weight.dtype != weight.dtype:
-        grad_weight = grad_weight.to(weight.dtype)
+            torch.matmul(grad_z_w.t(), hidden, out=grad_weight[v0:v1])  # one GEMM over all tokens
+    if grad_hidden is not None and grad_hidden.dtype != hidden.dtype:
+        grad_hidden = grad_hidden.to(hidden.dtype)
     return grad_hidden, grad_weight
 
 
@@ -373,10 +431,11 @@ def _fused_forward(ctx, hidden, weight, labels, temperature, chunk_size, compute
     log_probs = hidden.new_empty(num_tokens, dtype=dtype)
     lse = hidden.new_empty(num_tokens, dtype=dtype)
     entropy = hidden.new_empty(num_tokens if compute_entropy else 0, dtype=dtype)
-    for start, end in _chunks(num_tokens, chunk_size):
-        z = _chunk_logits(hidden[start:end], weight, _rows(temperature, start, end))
-        log_probs[start:end], lse[start:end], chunk_ent = _chunk_statistics(z, labels[start:end], compute_entropy)
-        del z
+    for start, end, z, scratch in _work_buffers(num_tokens, chunk_size, weight.shape[0], hidden):
+        z = _chunk_logits(hidden[start:end], weight, _rows(temperature, start, end), out=z)
+        log_probs[start:end], lse[start:end], chunk_ent = _chunk_statistics(
+            z, labels[start:end], compute_entropy, scratch
+        )
         if chunk_ent is not None:
             entropy[start:end] = chunk_ent
     ctx.set_materialize_grads(False)
