@@ -247,7 +247,7 @@ def test_lost_layer_loader_is_relinked(fake_vllm, hf_text_rect):
 
 def test_structural_detection_of_an_unlisted_moe_class():
     """Any module owning w13_*/w2_* parameters is repaired, whatever its class or the model's class, and through
-    a graph wrapper (vllm-ascend's ACLGraphWrapper keeps the model in .runnable)."""
+    a graph wrapper (vllm-ascend's ACLGraphWrapper keeps the model in .runnable); quantisation scales included."""
 
     class MyExperts(nn.Module):
         def __init__(self):
@@ -263,8 +263,11 @@ def test_structural_detection_of_an_unlisted_moe_class():
             self.runnable = runnable
 
     model = nn.Sequential(nn.Linear(3, 3), MyExperts())
+    model[1].w13_weight_scale = nn.Parameter(torch.ones(2, 4, 1), requires_grad=False)  # a quantised MoE's scale
     report = repair_moe_weight_loaders(Wrapper(model))
-    assert report.moe_modules == ["1"] and report.reattached == ["1.w13_weight", "1.w2_weight"]
+    assert report.moe_modules == ["1"] and report.reattached == ["1.w13_weight", "1.w2_weight", "1.w13_weight_scale"]
+    # scales get the module's loader itself (no layout adapter, which only knows the weights' shapes)
+    assert model[1].w13_weight_scale.weight_loader == model[1].weight_loader
     assert not hasattr(model[0].weight, "weight_loader")  # plain layers without a loader are left alone
     down = torch.ones(3, 2)
     model[1].w2_weight.weight_loader(model[1].w2_weight, down, "w2", "w2", 1)

@@ -85,6 +85,7 @@ KNOWN_MOE_MODULE_CLASS_NAMES: tuple[str, ...] = (
 TRANSPOSING_MOE_METHOD_CLASS_NAMES: tuple[str, ...] = ("AscendUnquantizedFusedMoEMethod",)
 
 _EXPERT_PARAM_PREFIXES = ("w13_", "w2_")
+_EXPERT_WEIGHT_NAMES = ("w13_weight", "w2_weight")
 _REPAIR_TAG = "_verl_weight_loader_repair"
 
 
@@ -296,7 +297,11 @@ def _repair_expert_params(module_name: str, module: nn.Module, report: WeightLoa
             continue
         full_name = f"{module_name}.{pname}" if module_name else pname
         if callable(module_loader):
-            param.weight_loader = _ExpertLoaderAdapter(module_loader, _module_transposes_experts(module))
+            # only the weights themselves get re-laid-out; scales/biases (w13_weight_scale ...) keep the raw loader
+            if pname in _EXPERT_WEIGHT_NAMES:
+                param.weight_loader = _ExpertLoaderAdapter(module_loader, _module_transposes_experts(module))
+            else:
+                param.weight_loader = module_loader
             setattr(param, _REPAIR_TAG, "module")
             report.reattached.append(full_name)
         else:
