@@ -77,9 +77,9 @@ def test_engine_kwargs_from_rollout_config():
         load_format="dummy_dtensor", dtype="float16", enable_chunked_prefill=False, enable_prefix_caching=False,
         cudagraph_capture_sizes=[1, 2], calculate_log_probs=True, engine_kwargs={"vllm": {"swap_space": 0, "seed": 5}},
     )  # fmt: skip
-    kwargs = engine_kwargs(cfg, "/m", trust_remote_code=True, distributed=True)
+    kwargs = engine_kwargs(cfg, "/m", trust_remote_code=True, distributed=True, tokenizer_path="/tok")
     assert kwargs == dict(
-        model="/m", skip_tokenizer_init=True, trust_remote_code=True, tensor_parallel_size=2, dtype="float16",
+        model="/m", tokenizer="/tok", skip_tokenizer_init=True, trust_remote_code=True, tensor_parallel_size=2, dtype="float16",
         enforce_eager=True, gpu_memory_utilization=0.6, max_num_batched_tokens=64, max_model_len=9, max_num_seqs=1024,
         enable_chunked_prefill=False, enable_prefix_caching=False, load_format="dummy", disable_log_stats=True,
         enable_sleep_mode=True, scheduling_policy="fcfs", seed=5, logprobs_mode="processed_logprobs",
@@ -88,6 +88,7 @@ def test_engine_kwargs_from_rollout_config():
     )  # fmt: skip
     single = engine_kwargs(rollout_config(), "/m", trust_remote_code=False, distributed=False)
     assert "distributed_executor_backend" not in single and "logprobs_mode" not in single
+    assert single["tokenizer"] == "/m"  # no tokenizer_path: the model directory
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +36,15 @@ def _check_lengths(config: Any, max_model_len: int) -> None:
         )
 
 
-def engine_kwargs(config: Any, model_path: str, *, trust_remote_code: bool, distributed: bool, seed: int = 0) -> dict:
+def engine_kwargs(
+    config: Any,
+    model_path: str,
+    *,
+    trust_remote_code: bool,
+    distributed: bool,
+    tokenizer_path: str | None = None,
+    seed: int = 0,
+) -> dict:
     """``vllm.LLM(**kwargs)`` for a rollout config (``RolloutConfig``).
 
     ``distributed``: the trainer runs under torch.distributed, so the engine joins it with the external launcher
@@ -48,6 +57,7 @@ def engine_kwargs(config: Any, model_path: str, *, trust_remote_code: bool, dist
     _check_lengths(config, max_model_len)
     kwargs = dict(
         model=model_path,
+        tokenizer=os.path.expanduser(tokenizer_path) if tokenizer_path else model_path,
         skip_tokenizer_init=config.skip_tokenizer_init,
         trust_remote_code=trust_remote_code,
         tensor_parallel_size=config.tensor_model_parallel_size,

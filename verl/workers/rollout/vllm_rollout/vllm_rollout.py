@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 _ALL_TAGS = ("weights", "kv_cache")
 
 
-def engine_env(device_name: str) -> dict[str, str]:
+def engine_env() -> dict[str, str]:
     """Environment the in-process engine needs: V1's engine core in this process (so weight sync can reach the
     model), plus the platform's rollout variables (vllm-ascend switches on ``npu``)."""
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **get_platform().rollout_env_vars()}
@@ -67,12 +67,13 @@ class vLLMRollout(BaseRollout):
                 "actor_rollout_ref.rollout",
             )
         vllm = require_vllm(self.device_name)
-        for key, value in engine_env(self.device_name).items():
+        for key, value in engine_env().items():
             os.environ.setdefault(key, value)  # a value the user exported wins
         kwargs = engine_kwargs(
             config,
             model_config.local_path,
             trust_remote_code=model_config.trust_remote_code,
+            tokenizer_path=model_config.tokenizer_path,
             distributed=dist.is_available() and dist.is_initialized(),
         )
         logger.info("building vllm.LLM(%s)", kwargs)
