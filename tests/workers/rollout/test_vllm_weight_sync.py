@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from verl.models.tiny import build_tiny_model
+from verl.utils.device import get_device_name, get_nccl_backend
 from verl.utils.platform.npu_sim.pytest_plugin import npu_sim  # noqa: F401
 from verl.workers.sharding_manager.vllm_weight_sync import (
     FSDPVLLMShardingManager,
@@ -273,14 +274,15 @@ def test_sharding_manager_order_and_rng():
 
 @pytest.mark.usefixtures("npu_sim")
 def test_offloaded_fsdp2_actor_on_simulated_npu():
-    """FSDP2 with CPU parameter offload on the simulated Ascend (1 rank, cpu:gloo,npu:hccl): the manager gathers
+    """FSDP2 with CPU parameter offload on the simulated Ascend (1 rank, gloo for cpu tensors, the simulated collective backend for npu ones): the manager gathers
     on the rank's npu by default, the npu-resident engine receives exactly the model's bf16 weights, and the
     actor's parameters stay offloaded on the CPU (no full copy of the model is moved to the device)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     with tempfile.NamedTemporaryFile() as init_file:
-        dist.init_process_group("cpu:gloo,npu:hccl", init_method=f"file://{init_file.name}", rank=0, world_size=1)
+        backend = f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"  # the simulated hccl for npu tensors
+        dist.init_process_group(backend, init_method=f"file://{init_file.name}", rank=0, world_size=1)
         try:
             model = tiny()
             reference = {k: v.clone() for k, v in model.state_dict().items()}
