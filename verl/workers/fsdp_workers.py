@@ -11,7 +11,8 @@ Each worker is one process of a worker group; the driver reaches it only through
     update_actor                                                         mesh "actor"
     save_checkpoint / load_checkpoint                                    every rank
 
-Every data-parallel rank gets its own shard of the batch (n-d mesh dispatch, dp rank = rank here). The maths is
+Every data-parallel rank gets its own shard of the batch (n-d mesh dispatch); with Ulysses SP
+(``ulysses_sequence_parallel_size`` = sp) the sp ranks of one group share a shard and split its token stream. The maths is
 in ``verl.workers.core`` (shared with the engine path); this module wires configs, models, offload and RPC.
 
 Offload (``fsdp_config.param_offload`` / ``optimizer_offload``): parameters and optimizer state live on the host
@@ -113,6 +114,25 @@ def _set_per_rank_log_prob_size(config: Any, dp_size: int, key_prefix: str) -> N
     config.log_prob_micro_batch_size = None
 
 
+class _ParallelLayout:
+    """Data parallel x Ulysses sequence parallel over the worker group: rank r is dp rank ``r // sp`` and SP rank
+    ``r % sp``. The ranks of one SP group receive the same data (dispatch by dp rank) and only SP rank 0 returns it.
+    """
+
+    def __init__(self, world_size: int, rank: int, sp_size: int, sp_key: str):
+        if sp_size < 1 or world_size % sp_size:
+            raise ValueError(f"{sp_key}={sp_size} must divide the number of ranks ({world_size})")
+        self.sp_size, self.dp_size = sp_size, world_size // sp_size
+        self.dp_rank, self.is_collect = rank // sp_size, rank % sp_size == 0
+        self.dp_group = self.ulysses_group = None
+        if sp_size > 1:
+            mesh = init_device_mesh(get_device_name(), (self.dp_size, sp_size), mesh_dim_names=("dp", "sp"))
+            self.dp_group, self.ulysses_group = mesh["dp"].get_group(), mesh["sp"].get_group()
+
+    def groups(self) -> dict[str, Any]:
+        return {"dp_group": self.dp_group, "ulysses_group": self.ulysses_group}
+
+
 class _Placement:
     """Moves one model's parameters / optimizer state to the device around a phase when they are offloaded."""
 
@@ -170,9 +190,13 @@ class ActorRolloutRefWorker(Worker):
         self.actor_config: FSDPActorConfig = _as(config.actor, FSDPActorConfig)
         self.rollout_config: RolloutConfig = _as(config.rollout, RolloutConfig)
         self.ref_config: FSDPRefConfig | None = _as(config.ref, FSDPRefConfig) if self._is_ref else None
-        self.dp_size = self.world_size
+        sp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+        self.layout = _ParallelLayout(
+            self.world_size, self.rank, self.actor_config.ulysses_sequence_parallel_size, sp_key
+        )
+        self.dp_size = self.layout.dp_size
         for mesh_name in ("actor", "rollout", "ref"):
-            self._register_dispatch_collect_info(mesh_name, dp_rank=self.rank, is_collect=True)
+            self._register_dispatch_collect_info(mesh_name, self.layout.dp_rank, self.layout.is_collect)
         if self._is_actor:
             _set_per_rank_ppo_sizes(self.actor_config, self.dp_size, "actor_rollout_ref.actor")
         _set_per_rank_log_prob_size(self.rollout_config, self.dp_size, "actor_rollout_ref.rollout")
@@ -204,8 +228,9 @@ class ActorRolloutRefWorker(Worker):
             built.module, built.optimizer, fsdp_config.param_offload, fsdp_config.optimizer_offload
         )
         self.actor = DataParallelPPOActor(
-            self.actor_config, built.module, built.optimizer, self._log_prob_options(self.actor_config)
-        )
+            self.actor_config, built.module, built.optimizer, self._log_prob_options(self.actor_config),
+            **self.layout.groups(),
+        )  # fmt: skip
 
     def _build_rollout(self) -> None:
         rollout_cls = get_rollout_class(self.rollout_config.name, self.rollout_config.mode)
@@ -241,7 +266,7 @@ class ActorRolloutRefWorker(Worker):
         )
         self.ref_module_fsdp = built.module
         self.ref_policy = DataParallelPPOActor(
-            self.ref_config, built.module, None, self._log_prob_options(self.ref_config)
+            self.ref_config, built.module, None, self._log_prob_options(self.ref_config), **self.layout.groups()
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -282,7 +307,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _log_prob_meta(self, data: DataProto, config: Any) -> None:
         data.meta_info["micro_batch_size"] = config.log_prob_micro_batch_size_per_gpu
-        data.meta_info["max_token_len"] = config.log_prob_max_token_len_per_gpu
+        data.meta_info["max_token_len"] = config.log_prob_max_token_len_per_gpu * self.layout.sp_size
         data.meta_info["use_dynamic_bsz"] = config.log_prob_use_dynamic_bsz
         data.meta_info["temperature"] = self.rollout_config.temperature
 
@@ -353,18 +378,20 @@ class CriticWorker(Worker):
         super().__init__()
         init_distributed()
         self.config: FSDPCriticConfig = _as(config, FSDPCriticConfig)
-        self._register_dispatch_collect_info("critic", dp_rank=self.rank, is_collect=True)
+        sp_key = "critic.ulysses_sequence_parallel_size"
+        self.layout = _ParallelLayout(self.world_size, self.rank, self.config.ulysses_sequence_parallel_size, sp_key)
+        self._register_dispatch_collect_info("critic", self.layout.dp_rank, self.layout.is_collect)
         if "hf_model" in self.config.checkpoint.save_contents:
             raise ValueError(
                 "critic.checkpoint.save_contents contains 'hf_model', but the value model (a causal LM with a one-unit "
                 "head) has no HF export; remove 'hf_model' (the sharded checkpoint resumes the critic)"
             )
-        _set_per_rank_ppo_sizes(self.config, self.world_size, "critic")
+        _set_per_rank_ppo_sizes(self.config, self.layout.dp_size, "critic")
         self.config.forward_micro_batch_size_per_gpu = per_gpu_micro_batch(
             "critic.forward_micro_batch_size",
             self.config.forward_micro_batch_size,
             self.config.forward_micro_batch_size_per_gpu,
-            self.world_size,
+            self.layout.dp_size,
         )
         self.config.forward_micro_batch_size = None
 
@@ -388,7 +415,7 @@ class CriticWorker(Worker):
         self._placement = _Placement(
             built.module, built.optimizer, fsdp_config.param_offload, fsdp_config.optimizer_offload
         )
-        self.critic = DataParallelPPOCritic(self.config, built.module, built.optimizer)
+        self.critic = DataParallelPPOCritic(self.config, built.module, built.optimizer, **self.layout.groups())
         self.checkpoint_manager = FSDPCheckpointManager(
             built.module, built.optimizer, built.lr_scheduler, checkpoint_config=self.config.checkpoint
         )
@@ -399,7 +426,7 @@ class CriticWorker(Worker):
         """``values`` (B, R) of this rank's shard."""
         data = data.to(_device())
         data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
-        data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu
+        data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu * self.layout.sp_size
         data.meta_info["use_dynamic_bsz"] = self.config.use_dynamic_bsz
         with self._placement.on_device():
             values = self.critic.compute_values(data)

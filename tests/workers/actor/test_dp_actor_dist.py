@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
 
 from verl.utils.fsdp_utils import create_device_mesh, get_fsdp_adapter
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -22,7 +23,7 @@ def _config(strategy: str, **overrides) -> FSDPActorConfig:
     return FSDPActorConfig(**base)
 
 
-def _worker(rank, world_size, port, strategy, dynamic, model, batch, out):
+def _worker(rank, world_size, port, strategy, dynamic, sp, model, batch, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -30,10 +31,20 @@ def _worker(rank, world_size, port, strategy, dynamic, model, batch, out):
         adapter = get_fsdp_adapter(strategy)
         wrapped = adapter.wrap(model, mesh=create_device_mesh(world_size, -1), dtypes=_FP32, wrap_policy=None)
         optimizer = torch.optim.SGD(wrapped.parameters(), lr=1.0)
-        # every rank holds half the rows; sizes are per rank (4 = 8 global rows / 2 ranks)
-        shard = batch.chunk(world_size)[rank]
-        config = _config(strategy, ppo_mini_batch_size=4, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=30)
-        metrics = DataParallelPPOActor(config, wrapped, optimizer).update_policy(shard)
+        groups = {}
+        if sp > 1:
+            # one SP group of both ranks (dp = 1): both hold all 8 rows, the packed stream is split between them
+            sp_mesh = init_device_mesh("cpu", (world_size // sp, sp), mesh_dim_names=("dp", "sp"))
+            groups = {"dp_group": sp_mesh["dp"].get_group(), "ulysses_group": sp_mesh["sp"].get_group()}
+            shard, rows = batch, 8
+        else:
+            # every rank holds half the rows; sizes are per rank (4 = 8 global rows / 2 ranks)
+            shard, rows = batch.chunk(world_size)[rank], 4
+        config = _config(
+            strategy, ppo_mini_batch_size=rows, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=30,
+            ulysses_sequence_parallel_size=sp,
+        )  # fmt: skip
+        metrics = DataParallelPPOActor(config, wrapped, optimizer, **groups).update_policy(shard)
         state = adapter.full_state_dict(wrapped)
         if rank == 0:
             out["state"] = state
@@ -48,12 +59,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_SP_CONTEXT_COPIED = pytest.mark.xfail(
+    strict=True,
+    reason="FSDP's forward-input cast rebuilds dataclass kwargs (torch.distributed.utils._apply_to_tensors), so the "
+    "call counters of the dataclass UlyssesContext (verl/models/transformers/ulysses.py) stay 0 and its post-forward "
+    "check raises; with that check bypassed this case matches the single process to 4e-9",
+)
+
+
 @pytest.mark.dist
-@pytest.mark.parametrize("strategy,dynamic", [("fsdp", False), ("fsdp2", True)])
-def test_two_rank_update_equals_single_process(make_model, make_batch, strategy, dynamic):
+@pytest.mark.parametrize(
+    "strategy,dynamic,sp",
+    [("fsdp", False, 1), ("fsdp2", True, 1), pytest.param("fsdp2", False, 2, marks=_SP_CONTEXT_COPIED)],
+)
+def test_two_rank_update_equals_single_process(make_model, make_batch, strategy, dynamic, sp):
     """Invariant (FSDP = single process): one PPO mini-batch of 8 rows with KL loss, split over 2 ranks (fixed-size
     micro-batches with FSDP1, token-budget micro-batches with FSDP2; the ranks then agree on the micro-batch count
-    and hold different token counts), gives the same grad norm and weights after an
+    and hold different token counts; or Ulysses SP 2 over both ranks with the whole batch on each), gives the same grad norm and weights after an
     SGD step (lr 1, fp32: 1e-5) as one process on all 8 rows, because losses are normalised by the global token
     count and FSDP averages gradients over ranks."""
     model, batch = make_model(), make_batch(batch_size=8)
@@ -63,7 +85,7 @@ def test_two_rank_update_equals_single_process(make_model, make_batch, strategy,
         batch
     )
     out = mp.Manager().dict()
-    mp.spawn(_worker, args=(2, _free_port(), strategy, dynamic, model, batch, out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _free_port(), strategy, dynamic, sp, model, batch, out), nprocs=2, join=True)
     assert out["grad_norm"] == pytest.approx(ref_metrics["actor/grad_norm"][0], rel=1e-5)
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(out["state"][name], value, rtol=0, atol=1e-5, msg=name)

@@ -59,6 +59,7 @@ class DataParallelPPOActor(BasePPOActor):
         actor_optimizer: None for a reference policy (``update_policy`` then raises).
         log_prob_options: how the forward runs; by default from the actor config's keys.
         dp_group: data-parallel process group for global token counts (default: the world).
+        ulysses_group: Ulysses SP group (all its ranks hold the same data); None: no SP.
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class DataParallelPPOActor(BasePPOActor):
         actor_optimizer: torch.optim.Optimizer | None = None,
         log_prob_options: LogProbOptions | None = None,
         dp_group: dist.ProcessGroup | None = None,
+        ulysses_group: dist.ProcessGroup | None = None,
     ):
         super().__init__(config)
         self.actor_module = actor_module
@@ -77,6 +79,7 @@ class DataParallelPPOActor(BasePPOActor):
         self.log_prob_options = log_prob_options
         self.use_remove_padding = log_prob_options.use_remove_padding
         self.dp_group = dp_group
+        self.ulysses_group = ulysses_group
 
     def _forward(self, micro_batch: DataProto, temperature: float, calculate_entropy: bool) -> dict[str, torch.Tensor]:
         batch = micro_batch.batch
@@ -88,6 +91,7 @@ class DataParallelPPOActor(BasePPOActor):
             calculate_entropy=calculate_entropy,
             options=self.log_prob_options,
             multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
+            ulysses_group=self.ulysses_group,
         )
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> dict[str, torch.Tensor]:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
+from torch.distributed import ProcessGroup
 
 from verl.models.transformers.packed_forward import forward_packed, forward_padded, get_lm_head
 from verl.utils.logprob import log_probs_and_entropy_chunked
@@ -144,6 +145,7 @@ def forward_log_probs(
     calculate_entropy: bool,
     options: LogProbOptions,
     multi_modal_inputs: Mapping[str, torch.Tensor] | None = None,
+    ulysses_group: ProcessGroup | None = None,
 ) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy when asked) of the response tokens of one micro-batch.
 
@@ -155,6 +157,8 @@ def forward_log_probs(
         calculate_entropy: also return ``entropys``.
         options: see :class:`LogProbOptions`.
         multi_modal_inputs: extra model kwargs (e.g. ``pixel_values``).
+        ulysses_group: Ulysses SP group (packed path): every rank of it passes the same micro-batch; the stream is
+            split over the group inside the model and gathered before the LM head.
 
     Returns:
         ``{"log_probs": (B, R) fp32}`` plus ``"entropys": (B, R) fp32`` when ``calculate_entropy``.
@@ -167,7 +171,7 @@ def forward_log_probs(
     if options.use_remove_padding:
         log_probs, entropy = _packed_log_probs(
             model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-            calculate_entropy, options, fused, mm,
+            calculate_entropy, options, fused, mm, ulysses_group,
         )  # fmt: skip
     else:
         log_probs, entropy = _padded_log_probs(
@@ -188,7 +192,7 @@ def _row_temperature(temperature, index: torch.Tensor, seqlen: int):
 
 
 def _packed_log_probs(model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-                      calculate_entropy, options, fused, mm):  # fmt: skip
+                      calculate_entropy, options, fused, mm, ulysses_group):  # fmt: skip
     batch_size, seqlen = input_ids.shape
     packed = pack_padded_batch(input_ids, attention_mask, position_ids)
     rows, flat_idx = _window_rows(packed, response_length)
@@ -202,7 +206,8 @@ def _packed_log_probs(model, lm_head, input_ids, attention_mask, position_ids, r
         compute_entropy=calculate_entropy,
         chunk_size=options.fused_chunk_size,
     )
-    log_probs, entropy = _run(model, lm_head, plan, lambda: forward_packed(model, packed, **mm))
+    call = lambda: forward_packed(model, packed, ulysses_group=ulysses_group, **mm)  # noqa: E731
+    log_probs, entropy = _run(model, lm_head, plan, call)
     if not fused:
         log_probs, entropy = _log_probs_from_logits(log_probs, labels, row_temperature, options, calculate_entropy)
     to_window = lambda v: _to_window(v.reshape(-1), flat_idx, batch_size, seqlen, response_length)  # noqa: E731
@@ -238,6 +243,7 @@ def forward_values(
     response_length: int,
     use_remove_padding: bool,
     multi_modal_inputs: Mapping[str, torch.Tensor] | None = None,
+    ulysses_group: ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Values ``(B, R)`` of a critic whose output head has one unit (see ``verl.workers.critic``).
 
@@ -250,7 +256,7 @@ def forward_values(
     seqlen = input_ids.shape[1]
     if use_remove_padding:
         packed = pack_padded_batch(input_ids, attention_mask, position_ids)
-        values = unpack_to_padded(forward_packed(model, packed, **mm)[..., 0], packed)  # (B, S)
+        values = unpack_to_padded(forward_packed(model, packed, ulysses_group=ulysses_group, **mm)[..., 0], packed)
     else:
         values = forward_padded(model, input_ids, attention_mask, position_ids, **mm)[..., 0]
         values = values * attention_mask.to(values.dtype)

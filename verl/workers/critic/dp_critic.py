@@ -43,6 +43,7 @@ class DataParallelPPOCritic(BasePPOCritic):
         critic_module: the value model (plain or FSDP1/FSDP2-wrapped).
         critic_optimizer: its optimizer.
         dp_group: data-parallel group for global token counts (default: the world).
+        ulysses_group: Ulysses SP group (all its ranks hold the same data); None: no SP.
     """
 
     def __init__(
@@ -51,12 +52,14 @@ class DataParallelPPOCritic(BasePPOCritic):
         critic_module: nn.Module,
         critic_optimizer: torch.optim.Optimizer,
         dp_group: dist.ProcessGroup | None = None,
+        ulysses_group: dist.ProcessGroup | None = None,
     ):
         super().__init__(config)
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.use_remove_padding = config.model.use_remove_padding
         self.dp_group = dp_group
+        self.ulysses_group = ulysses_group
 
     def _forward(self, micro_batch: DataProto) -> torch.Tensor:
         batch = micro_batch.batch
@@ -67,6 +70,7 @@ class DataParallelPPOCritic(BasePPOCritic):
             response_length=response_length,
             use_remove_padding=self.use_remove_padding,
             multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
+            ulysses_group=self.ulysses_group,
         )
         return values * batch["attention_mask"][:, -response_length:].to(values.dtype)
 
