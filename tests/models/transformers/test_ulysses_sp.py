@@ -23,7 +23,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from verl.models.tiny import build_tiny_model
 from verl.models.transformers.packed_forward import forward_packed
 from verl.models.transformers.patch_registry import apply_patches
-from verl.utils.packing import PackedBatch, pack_padded_batch
+from verl.utils.packing import PackedBatch, pack_padded_batch, pack_values
+from verl.utils.rope_utils import get_packed_mrope_position_ids
 
 pytestmark = pytest.mark.dist
 
@@ -109,10 +110,74 @@ def _equivalence(group, kinds: tuple[str, ...], checkpointing: bool) -> dict:
     res = {kind: _compare(_model(kind), _packed(LENGTHS[kind]), group) for kind in kinds}
     if not checkpointing:
         return res
+    # one KV head and one GDN key head: fewer than the ranks, so both are replicated (what SP 4 does on the real
+    # Qwen3.5 with its 2 KV heads)
+    replicated = _model("qwen3_5_moe", num_key_value_heads=1, linear_num_key_heads=1)
+    res["qwen3_5_moe+replicated_heads"] = _compare(replicated, _packed(LENGTHS["qwen3_5_moe"]), group)
     ckpt = _model("qwen3_5").train()
     ckpt.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     res["qwen3_5+checkpointing"] = _compare(ckpt, _packed(LENGTHS["qwen3_5"]), group)
     return res
+
+
+def _multimodal(seed: int = 0):
+    """Two image samples (4x4 and 4x6 patches -> 4 and 6 merged tokens) around a text sample, packed with 4-row
+    M-RoPE ids: lengths 21, 11, 19 -> T = 51 (padded to 52 under SP 2; slices [0, 26) [26, 52))."""
+    image, start, end = VOCAB - 4, VOCAB - 2, VOCAB - 1  # tiny_qwen3_5_vl_config's default special ids
+    gen = torch.Generator().manual_seed(seed)
+    text = lambda n: torch.randint(0, VOCAB - 4, (n,), generator=gen)  # noqa: E731
+    rows, pixels, grids = [], [], []
+    for prefix, grid, suffix in ((5, (1, 4, 4), 10), (3, None, 8), (7, (1, 4, 6), 4)):
+        if grid is None:
+            rows.append(text(prefix + suffix))
+            continue
+        n_image = grid[0] * grid[1] * grid[2] // 4
+        rows.append(
+            torch.cat(
+                [text(prefix), torch.tensor([start]), torch.full((n_image,), image), torch.tensor([end]), text(suffix)]
+            )
+        )
+        pixels.append(torch.randn(grid[0] * grid[1] * grid[2], 3 * 2 * 4 * 4, generator=gen))
+        grids.append(torch.tensor([grid]))
+    width = max(len(r) for r in rows) + 2
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(rows):
+        ids[row, width - len(seq) :], mask[row, width - len(seq) :] = seq, 1
+    types = (ids == image).long()
+    grids = torch.cat(grids)
+    pos = get_packed_mrope_position_ids(types, mask, grids, spatial_merge_size=2)
+    packed = pack_padded_batch(ids, mask, pos)
+    return packed, dict(
+        pixel_values=torch.cat(pixels), image_grid_thw=grids, mm_token_type_ids=pack_values(types, packed)
+    )
+
+
+def _multimodal_compare(group) -> dict:
+    """Like _compare, for the tiny multimodal Qwen3.5 (vision tower gradients included)."""
+    model = _model("qwen3_5_vl")
+    packed, mm = _multimodal()
+    results = []
+    for g in (None, group):
+        model.zero_grad()
+        lp = _next_token_logprobs(forward_packed(model, packed, ulysses_group=g, **mm), packed)
+        (lp * torch.linspace(0.5, 1.5, lp.numel())).sum().backward()
+        grads = {
+            n: (p.grad if p.grad is not None else torch.zeros_like(p)).clone() for n, p in model.named_parameters()
+        }
+        results.append((lp.detach(), grads))
+    (lp1, g1), (lp_sp, g_sp) = results
+    g_sp = _sp_mean(g_sp, group)
+    rel = {n: ((g_sp[n] - g1[n]).abs().max() / g1[n].abs().max().clamp(min=1e-12)).item() for n in g1}
+    nonzero = sum(bool(g.abs().max() > 0) for g in g1.values())
+    vision = sum(bool(g.abs().max() > 0) for n, g in g1.items() if "visual" in n)
+    return {
+        "lp": (lp1 - lp_sp).abs().max().item(),
+        "grad": max(rel.values()),
+        "nonzero": nonzero,
+        "params": len(g1),
+        "vision": vision,
+    }
 
 
 def _worker_core_log_probs(group) -> float:
@@ -167,6 +232,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     group = dist.new_group(list(range(world)))
     if world == 2:
         res = {"equivalence": _equivalence(group, KINDS, checkpointing=True)}
+        res["equivalence"]["qwen3_5_vl"] = _multimodal_compare(group)
         res["worker_core"] = _worker_core_log_probs(group)
         res["guards"] = _guards(rank, group)
     else:  # the kinds whose replication paths SP 4 exercises (Llama: KV heads; Qwen3.5: KV and GDN key heads)
@@ -191,14 +257,15 @@ def _assert_equivalent(results: list[dict]) -> None:
 
 
 def test_sp2_equals_sp1_for_every_model_and_refuses_misuse():
-    """Invariant (DESIGN.md): with SP = 2 the packed log-probs of Llama, Qwen2, Qwen3.5 and Qwen3.5-MoE equal SP = 1
-    (fp32 1e-5) and the SP-averaged parameter gradients equal the SP = 1 gradients (1e-4 relative), also with
+    """Invariant (DESIGN.md): with SP = 2 the packed log-probs of Llama, Qwen2, Qwen3.5, Qwen3.5-MoE and multimodal
+    Qwen3.5 (images, 4-row M-RoPE ids) equal SP = 1 (fp32 1e-5) and the SP-averaged parameter gradients equal the SP = 1 gradients (1e-4 relative), also with
     gradient checkpointing; the workers' log-prob core (fused LM head + entropy) gives the same log-probs and
     entropy when only the SP group is installed. Misuse raises on every rank: different micro-batches on the SP
     ranks, heads not divisible by SP (naming the config key), an attention layer that bypassed the SP wrapper."""
     results = _spawn(2)
     _assert_equivalent(results)
     for res in results:
+        assert res["equivalence"]["qwen3_5_vl"]["vision"] > 0  # the vision tower's gradients are compared too
         assert res["worker_core"] <= 1e-5
         guards = res["guards"]
         assert guards["different_batches"].startswith("RuntimeError: Ulysses SP: the ranks of one SP group")
@@ -206,8 +273,10 @@ def test_sp2_equals_sp1_for_every_model_and_refuses_misuse():
         assert guards["bypassed"].startswith("RuntimeError: Ulysses SP forward: 1/2 attention")
 
 
+@pytest.mark.slow
 def test_sp4_equals_sp1_with_replicated_kv_and_gdn_key_heads():
     """Invariant: SP = 4 equals SP = 1 as above. With 4 ranks the tiny models' 2 KV heads (attention) and 2 GDN key
     heads are fewer than the ranks, so they are replicated (each rank holds the key head of its query/value heads);
-    T = 25 -> 28 (Llama) and 117 -> 120 (Qwen3.5) are padded by 3."""
+    T = 25 -> 28 (Llama) and 117 -> 120 (Qwen3.5) are padded by 3. Opt-in (slow: 4 processes on a shared machine,
+    30-40 s); the replication paths also run at SP = 2 in the default test, with 1 KV / 1 GDN key head."""
     _assert_equivalent(_spawn(4))

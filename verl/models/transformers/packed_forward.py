@@ -43,6 +43,8 @@ from verl.utils.ulysses import (
     get_ulysses_sequence_parallel_group,
     get_ulysses_sequence_parallel_world_size,
     shard_packed_batch,
+    slice_input_tensor,
+    ulysses_pad,
 )
 
 __all__ = [
@@ -132,51 +134,91 @@ def _forward_packed_ulysses(
 ) -> torch.Tensor:
     """``forward_packed`` with the packed stream split over the ranks of the Ulysses SP ``group``.
 
-    Each rank runs the model on its slice of the stream, right-padded to a multiple of SP (the padding is a
+    Each rank runs the decoder on its slice of the stream, right-padded to a multiple of SP (the padding is a
     sequence of its own). Token mixers swap sequence and head splits around their sequence maths
     (:mod:`verl.models.transformers.ulysses`); the final hidden states are all-gathered and unpadded at the
     backbone's output, so the LM head (and the caller's log-prob maths) see the whole stream on every rank. The
     gather's backward scales by SP: averaging parameter gradients over the SP group gives the gradient of the loss.
+
+    With image/video inputs every rank embeds the whole stream (the vision tower and the placeholder merge need
+    all image tokens) and a pre-hook on the language model keeps this rank's slice of the merged embeddings.
     """
-    if any(multimodal_inputs.get(k) is not None for k in _VISION_INPUTS):
-        raise ValueError(
-            "Ulysses sequence parallelism with image/video inputs is not supported yet; set "
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 (and the ref's/critic's) for multimodal data"
-        )
     sp_size = get_ulysses_sequence_parallel_world_size(group)
     expected_calls = prepare_model_for_ulysses(model, sp_size)
     _check_same_batch_on_sp_ranks(packed, group)
     shard = shard_packed_batch(packed, group)
     context = UlyssesContext.from_shard(shard, group)
-    kwargs = dict(
-        input_ids=shard.input_ids,
-        position_ids=shard.position_ids,
-        attention_mask=None,
-        use_cache=False,
-        cu_seq_lens_q=shard.cu_seqlens,
-        cu_seq_lens_k=shard.cu_seqlens,
-        max_length_q=shard.max_seqlen,
-        max_length_k=shard.max_seqlen,
-        **{PACKED_CU_SEQLENS_KWARG: shard.cu_seqlens, ULYSSES_KWARG: context},
-        **multimodal_inputs,
-    )
-
-    def gather_hidden(_module, _args, output):
-        hidden = gather_outputs_and_unpad(
-            output[0], gather_dim=1, unpad_dim=1, padding_size=shard.pad_size, group=group
+    backbone = _backbone(model)
+    hooks = [backbone.register_forward_hook(_gather_hidden_hook(shard.pad_size, group), prepend=True)]
+    if any(multimodal_inputs.get(k) is not None for k in _VISION_INPUTS):
+        kwargs = _whole_stream_inputs(packed, sp_size, multimodal_inputs)
+        language_model = _language_model(backbone)
+        hooks.append(language_model.register_forward_pre_hook(_slice_embeds_hook(group), with_kwargs=True))
+    else:
+        kwargs = dict(
+            input_ids=shard.input_ids,
+            position_ids=shard.position_ids,
+            cu_seq_lens_q=shard.cu_seqlens,
+            cu_seq_lens_k=shard.cu_seqlens,
+            max_length_q=shard.max_seqlen,
+            max_length_k=shard.max_seqlen,
+            **multimodal_inputs,
         )
+    kwargs.update(attention_mask=None, use_cache=False)
+    kwargs.update({PACKED_CU_SEQLENS_KWARG: shard.cu_seqlens, ULYSSES_KWARG: context})
+    try:
+        result = _call(model, kwargs, return_hidden)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    context.check_calls(*expected_calls)
+    return result
+
+
+def _gather_hidden_hook(pad_size: int, group: ProcessGroup):
+    """Backbone forward hook: (1, T_pad/sp, H) local final hidden states -> (1, T, H) whole stream."""
+
+    def hook(_module, _args, output):
+        hidden = gather_outputs_and_unpad(output[0], gather_dim=1, unpad_dim=1, padding_size=pad_size, group=group)
         if isinstance(output, tuple):
             return (hidden, *output[1:])
         output.last_hidden_state = hidden
         return output
 
-    handle = _backbone(model).register_forward_hook(gather_hidden, prepend=True)
-    try:
-        result = _call(model, kwargs, return_hidden)
-    finally:
-        handle.remove()
-    context.check_calls(*expected_calls)
-    return result
+    return hook
+
+
+def _whole_stream_inputs(packed: PackedBatch, sp_size: int, multimodal_inputs: dict) -> dict:
+    """Model kwargs of the whole padded stream (multimodal SP); ``mm_token_type_ids`` padded as text (0)."""
+    input_ids, position_ids, pad = ulysses_pad(packed.input_ids, packed.position_ids, sp_size)
+    inputs = dict(multimodal_inputs, input_ids=input_ids, position_ids=position_ids)
+    types = multimodal_inputs.get("mm_token_type_ids")
+    if types is not None and pad:
+        inputs["mm_token_type_ids"] = torch.cat([types, types.new_zeros(*types.shape[:-1], pad)], dim=-1)
+    return inputs
+
+
+def _language_model(backbone: nn.Module) -> nn.Module:
+    language_model = getattr(backbone, "language_model", None)
+    if not isinstance(language_model, nn.Module):
+        raise ValueError(
+            f"Ulysses SP with image/video inputs needs a multimodal backbone with a language_model; "
+            f"{type(backbone).__name__} has none. Set ulysses_sequence_parallel_size=1 for this model"
+        )
+    return language_model
+
+
+def _slice_embeds_hook(group: ProcessGroup):
+    """Language-model pre-hook: keep this rank's slice of the merged embeddings and of the position ids."""
+
+    def hook(_module, args, kwargs):
+        if args or kwargs.get("inputs_embeds") is None:
+            raise RuntimeError("Ulysses SP: the language model was not called with inputs_embeds= as a keyword")
+        kwargs["inputs_embeds"] = slice_input_tensor(kwargs["inputs_embeds"], dim=1, padding=False, group=group)
+        kwargs["position_ids"] = slice_input_tensor(kwargs["position_ids"], dim=-1, padding=False, group=group)
+        return args, kwargs
+
+    return hook
 
 
 def _check_same_batch_on_sp_ranks(packed: PackedBatch, group: ProcessGroup) -> None:
