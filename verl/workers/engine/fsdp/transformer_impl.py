@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import torch
@@ -231,14 +231,19 @@ class FSDPEngine(BaseEngine):
         return self.optimizer
 
     # ------------------------------------------------------------------------------------------------ weights
-    def get_per_tensor_param(self, **kwargs: Any) -> tuple[Generator[tuple[str, torch.Tensor], None, None], Any]:
+    def get_per_tensor_param(self, **kwargs: Any) -> tuple[Iterator[tuple[str, torch.Tensor]], Any]:
         """Full (unsharded) weights one tensor at a time, on the device, for the rollout weight sync.
 
-        FSDP2 parameters are gathered per DTensor (``full_tensor``), so at most one full tensor is alive beyond the
-        shards; FSDP1's default state dict is already full. Collective: every rank exhausts the generator. With
-        manual param offload the caller brings the parameters back (``train_mode``/``eval_mode``, or ``to``).
+        The stream is ``verl.workers.sharding_manager.vllm_weight_sync.iter_full_tensors``, the one the legacy
+        worker's sharding manager uses: each shard (offloaded or not) is gathered on its own, so at most one full
+        tensor is alive beyond the shards. Collective: every rank exhausts the generator. ``kwargs``: ``dtype``
+        (cast floating tensors before the gather, e.g. the rollout dtype). Returns ``(stream, None)``: no LoRA
+        config.
         """
-        return _full_tensors(self._require_module().state_dict(), _current_device()), None
+        from verl.workers.sharding_manager.vllm_weight_sync import iter_full_tensors
+
+        stream = iter_full_tensors(self._require_module(), dtype=kwargs.get("dtype"), device=_current_device())
+        return stream, None
 
     @contextlib.contextmanager
     def _on_device(self) -> Generator[None, None, None]:
@@ -275,18 +280,6 @@ class FSDPEngine(BaseEngine):
 def _current_device() -> torch.device:
     name = get_device_name()
     return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
-
-
-def _full_tensors(
-    state: dict[str, torch.Tensor], device: torch.device
-) -> Generator[tuple[str, torch.Tensor], None, None]:
-    from torch.distributed.tensor import DTensor
-
-    for name, tensor in state.items():
-        if isinstance(tensor, DTensor):
-            # a CPU-offloaded shard must reach the mesh's device before the all-gather (upstream #6463)
-            tensor = tensor.to(device).full_tensor()
-        yield name, tensor.to(device)
 
 
 @EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=list(_DEVICES))
