@@ -35,7 +35,7 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "test": ["pytest>=8", "pytest-timeout>=2.2", "ruff>=0.6", "tensorboard>=2.14"],
     # GPU rollout. vLLM pins its own torch: install it into a CUDA environment, not the CPU test venv.
-    "vllm": ["vllm>=0.11"],
+    "vllm": ["vllm>=0.17"],  # Qwen3.5 support
     # Ascend: torch_npu must match torch exactly and needs CANN (source set_env.sh); vllm-ascend comes from its image.
     "npu": ["torch-npu>=2.6", "pyyaml", "decorator"],
     "veomni": ["veomni>=0.1.8"],

@@ -36,17 +36,23 @@ CHARACTERS = string.digits + string.ascii_lowercase + " +-=?:.,\n"
 
 
 def build_char_tokenizer(save_dir: Path):
-    """A character-level fast tokenizer with ChatML specials, built without any download."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    """A character-level tokenizer with ChatML specials, built without any download.
+
+    It is a byte-level BPE with no merges over ~45 characters, so that ``AutoTokenizer`` loads it back as the Qwen
+    tokenizer class a ``qwen3_5_moe`` checkpoint maps to (that class rebuilds the byte-level pre-tokenizer from the
+    vocabulary; a word-level tokenizer would be re-interpreted and lose its spaces).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(CHARACTERS))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    symbols = [byte_level.pre_tokenize_str(char)[0][0] for char in CHARACTERS]
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + symbols)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|endoftext|>"))
+    backend.pre_tokenizer = byte_level
+    backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<pad>",
         unk_token="<|endoftext|>",

@@ -237,10 +237,10 @@ class RayPPOTrainer:
             self.ref_policy_wg.init_model()
         self.actor_rollout_wg.init_model()  # last: a vLLM rollout sizes its cache from what is left
 
-    def _ray_cls(self, role: Role, **kwargs) -> RayClassWithInitArgs:
-        if role not in self.role_worker_mapping:
-            raise ValueError(f"no worker class registered for role {role}")
-        return RayClassWithInitArgs(cls=self.role_worker_mapping[role], **kwargs)
+    def _ray_cls(self, trainer_role: Role, **worker_kwargs) -> RayClassWithInitArgs:
+        if trainer_role not in self.role_worker_mapping:
+            raise ValueError(f"no worker class registered for role {trainer_role}")
+        return RayClassWithInitArgs(cls=self.role_worker_mapping[trainer_role], **worker_kwargs)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, float]:
