@@ -26,7 +26,7 @@ from verl.models.transformers.patch_registry import apply_patches
 from verl.utils.packing import PackedBatch, pack_padded_batch, pack_values
 from verl.utils.rope_utils import get_packed_mrope_position_ids
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.tf_compat]
 
 VOCAB = 128
 LENGTHS = {"llama": (7, 1, 12, 5), "qwen2": (7, 1, 12, 5), "qwen3_5": (37, 1, 50, 29), "qwen3_5_moe": (37, 1, 50, 29)}
@@ -226,10 +226,26 @@ def _guards(rank: int, group) -> dict:
     return res
 
 
+def _count_strided_collective_inputs() -> list:
+    """Wrap the collectives SP uses; record every call whose tensors are not contiguous (field-report item 4)."""
+    strided: list = []
+    for name in ("all_to_all_single", "all_gather_single"):
+        real = getattr(dist, name)
+
+        def wrapped(output, input, *args, _real=real, _name=name, **kwargs):
+            if not (output.is_contiguous() and input.is_contiguous()):
+                strided.append((_name, tuple(input.shape)))
+            return _real(output, input, *args, **kwargs)
+
+        setattr(dist, name, wrapped)
+    return strided
+
+
 def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     group = dist.new_group(list(range(world)))
+    strided = _count_strided_collective_inputs()
     if world == 2:
         res = {"equivalence": _equivalence(group, KINDS, checkpointing=True)}
         res["equivalence"]["qwen3_5_vl"] = _multimodal_compare(group)
@@ -237,6 +253,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         res["guards"] = _guards(rank, group)
     else:  # the kinds whose replication paths SP 4 exercises (Llama: KV heads; Qwen3.5: KV and GDN key heads)
         res = {"equivalence": _equivalence(group, ("llama", "qwen3_5"), checkpointing=False)}
+    res["strided_collective_inputs"] = strided
     torch.save(res, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
@@ -249,6 +266,7 @@ def _spawn(world: int) -> list[dict]:
 
 def _assert_equivalent(results: list[dict]) -> None:
     for res in results:
+        assert res["strided_collective_inputs"] == []
         for kind, r in res["equivalence"].items():
             assert r["lp"] <= 1e-5, (kind, r)
             assert r["grad"] <= 1e-4, (kind, r)
@@ -260,7 +278,7 @@ def test_sp2_equals_sp1_for_every_model_and_refuses_misuse():
     """Invariant (DESIGN.md): with SP = 2 the packed log-probs of Llama, Qwen2, Qwen3.5, Qwen3.5-MoE and multimodal
     Qwen3.5 (images, 4-row M-RoPE ids) equal SP = 1 (fp32 1e-5) and the SP-averaged parameter gradients equal the SP = 1 gradients (1e-4 relative), also with
     gradient checkpointing; the workers' log-prob core (fused LM head + entropy) gives the same log-probs and
-    entropy when only the SP group is installed. Misuse raises on every rank: different micro-batches on the SP
+    entropy when only the SP group is installed; every tensor handed to a collective is contiguous. Misuse raises on every rank: different micro-batches on the SP
     ranks, heads not divisible by SP (naming the config key), an attention layer that bypassed the SP wrapper."""
     results = _spawn(2)
     _assert_equivalent(results)
