@@ -127,6 +127,25 @@ def _slice_checks(rank: int, group) -> dict:
     return res
 
 
+def _sharding_manager_checks(rank: int) -> dict:
+    import numpy as np
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from verl.protocol import DataProto
+
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "sp"))
+    manager = U.FSDPUlyssesShardingManager(mesh)
+    res = {}
+    with manager:
+        res["inside"] = U.get_ulysses_sequence_parallel_world_size()
+        data = DataProto.from_dict(tensors={"x": torch.tensor([[rank]])}, non_tensors={"tag": np.array([f"r{rank}"])})
+        data = manager.preprocess_data(data)
+        res["gathered"] = (data.batch["x"].tolist(), data.non_tensor_batch["tag"].tolist())
+        res["mine"] = manager.postprocess_data(data).batch["x"].tolist()
+    res["outside"] = U.get_ulysses_sequence_parallel_group() is None
+    return res
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
@@ -143,7 +162,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     U.set_ulysses_sequence_parallel_group(group)  # the installed group is the default of every helper
     res["installed_world"] = U.get_ulysses_sequence_parallel_world_size()
     U.set_ulysses_sequence_parallel_group(None)
-    res["calls"] = calls
+    res["calls"] = list(calls)
+    res["manager"] = _sharding_manager_checks(rank)
     torch.save(res, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
@@ -153,7 +173,8 @@ def test_collectives_padding_and_gradients_on_two_ranks():
     """On two gloo ranks: all-to-all swaps sequence and head splits (hand-computed values) and its inverse restores
     the input; its gradient is the reverse all-to-all; the all-gather's gradient is this rank's slice times SP;
     ids/positions are padded then sliced per rank; the packed shard carries the padding as an extra cu_seqlens
-    segment; every tensor handed to a collective is contiguous, even for strided inputs (field-report item 4)."""
+    segment; every tensor handed to a collective is contiguous, even for strided inputs (field-report item 4); the
+    sharding manager installs the mesh's SP group only inside its context."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=2, join=True)
         results = [torch.load(os.path.join(tmp, f"{rank}.pt")) for rank in range(2)]
@@ -175,3 +196,8 @@ def test_collectives_padding_and_gradients_on_two_ranks():
         assert res["shard"] == (shard_ids, shard_pos, [0, 2, 5, 6], 1)
         assert res["calls"] and all(ok for _, ok in res["calls"]), res["calls"]
         assert {name for name, _ in res["calls"]} == {"all_to_all_single", "all_gather_single"}
+        # the sharding manager installs the mesh's "sp" group only inside `with`; pre/post-process gather and split
+        manager = res["manager"]
+        assert manager["inside"] == 2 and manager["outside"]
+        assert manager["gathered"] == ([[0], [1]], ["r0", "r1"])
+        assert manager["mine"] == [[rank]]

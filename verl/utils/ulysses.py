@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,11 @@ from torch.distributed import ProcessGroup
 
 from verl.utils.packing import PackedBatch, validate_cu_seqlens
 
+if TYPE_CHECKING:
+    from verl.protocol import DataProto
+
 __all__ = [
+    "FSDPUlyssesShardingManager",
     "Gather",
     "SeqAllToAll",
     "UlyssesShard",
@@ -384,3 +389,49 @@ def shard_packed_batch(packed: PackedBatch, group: ProcessGroup | None = None, p
         sp_size=sp_size,
         sp_rank=get_ulysses_sequence_parallel_rank(group),
     )
+
+
+# ---- the worker-side context (upstream HEAD keeps it in this module) --------------------------------------------
+
+
+class FSDPUlyssesShardingManager:
+    """Installs the ``"sp"`` group of a ``("dp", "sp")`` device mesh as the SP group inside ``with`` (the previous
+    group is restored on exit); the ``BaseShardingManager`` interface of upstream.
+
+    ``preprocess_data`` all-gathers a DataProto over the SP group, for dispatch that gave each SP rank a different
+    shard; ``postprocess_data`` keeps this rank's part again. With dispatch by the mesh's ``dp`` rank (every SP
+    rank already holds its data-parallel group's shard) neither is needed.
+    """
+
+    def __init__(self, device_mesh: Any):
+        self.device_mesh = device_mesh
+        self._previous: list[ProcessGroup | None] = []
+
+    def _group(self) -> ProcessGroup | None:
+        return None if self.device_mesh is None else self.device_mesh["sp"].get_group()
+
+    def __enter__(self) -> FSDPUlyssesShardingManager:
+        self._previous.append(get_ulysses_sequence_parallel_group())
+        if self.device_mesh is not None:
+            set_ulysses_sequence_parallel_group(self._group())
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        set_ulysses_sequence_parallel_group(self._previous.pop())
+
+    def preprocess_data(self, data: DataProto) -> DataProto:
+        """Every SP rank holds the rows of all SP ranks afterwards, in rank order (in place, returned)."""
+        group = self._group()
+        if get_ulysses_sequence_parallel_world_size(group) > 1:
+            from verl.protocol import all_gather_data_proto
+
+            all_gather_data_proto(data, process_group=group)
+        return data
+
+    def postprocess_data(self, data: DataProto) -> DataProto:
+        """This SP rank's chunk of ``data`` (the inverse of :meth:`preprocess_data`)."""
+        group = self._group()
+        sp_size = get_ulysses_sequence_parallel_world_size(group)
+        if sp_size == 1:
+            return data
+        return data.chunk(chunks=sp_size)[get_ulysses_sequence_parallel_rank(group)]
