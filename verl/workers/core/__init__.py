@@ -10,5 +10,6 @@ neither re-implements them:
 ``lm_head``            the LM head run only on the response window, optionally fused with the log-prob maths
 ``losses``             policy loss (``core_algos`` registry) + entropy bonus + KL loss; clipped value loss
 ``optimizer_step``     gradient clipping that skips non-finite steps; optimizer and lr-schedule construction
+``fsdp_model``         HF model -> patches -> FSDP1/FSDP2 wrap -> optimizer, for every role
 =====================  ===========================================================================================
 """
