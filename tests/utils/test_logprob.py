@@ -262,3 +262,29 @@ def test_fused_bad_arguments():
         fused_linear_log_probs_and_entropy(torch.zeros(2, H), torch.zeros(V, H + 1), labels)
     with pytest.raises(TypeError, match="dtype"):
         fused_linear_log_probs_and_entropy(torch.zeros(2, H), torch.zeros(V, H, dtype=torch.float64), labels)
+
+
+@pytest.mark.parametrize(("hidden_grad", "weight_grad"), [(True, False), (False, True)])
+def test_fused_partial_requires_grad_and_no_grad(hidden_grad, weight_grad):
+    """A frozen LM head (or frozen hidden states) gets no gradient while the other input gets the naive one;
+    under no_grad (log-prob recomputation) the outputs equal the naive values."""
+    torch.manual_seed(9)
+    hidden = torch.randn(12, H).requires_grad_(hidden_grad)
+    weight = torch.randn(V, H).requires_grad_(weight_grad)
+    labels = torch.randint(0, V, (12,))
+    lp, ent = fused_linear_log_probs_and_entropy(hidden, weight, labels, chunk_size=5, compute_entropy=True)
+    (lp.sum() + ent.sum()).backward()
+    lp_ref, ent_ref = naive(hidden.detach() @ weight.detach().t(), labels)
+    trained = hidden if hidden_grad else weight
+    frozen = weight if hidden_grad else hidden
+    reference = trained.detach().clone().requires_grad_(True)
+    h_ref, w_ref = (reference, weight.detach()) if hidden_grad else (hidden.detach(), reference)
+    lp_r, ent_r = naive(h_ref @ w_ref.t(), labels)
+    (lp_r.sum() + ent_r.sum()).backward()
+    assert frozen.grad is None
+    _close(trained.grad, reference.grad)
+    with torch.no_grad():
+        lp_ng, ent_ng = fused_linear_log_probs_and_entropy(hidden, weight, labels, chunk_size=5, compute_entropy=True)
+    _close(lp_ng, lp_ref)
+    _close(ent_ng, ent_ref)
+    assert not lp_ng.requires_grad

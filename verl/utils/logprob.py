@@ -8,9 +8,12 @@ extra on a 64 GB NPU. The functions here stream over token chunks instead:
 * `fused_linear_log_probs_and_entropy(hidden (..., H), weight (V, H), labels (...))` folds the LM head in, so the
   (T, V) logits never exist at all.
 
-Both are custom autograd Functions whose backward recomputes each chunk from the saved inputs, so the extra memory
-is O(chunk_size x V) fp32 in forward *and* backward (a plain chunked loop under autograd would save every chunk's
-softmax, i.e. O(T x V) again). Temperature is applied out of place (field-report item 3): inputs are never modified.
+Both are custom autograd Functions whose backward recomputes the logits from the saved inputs, so the extra memory
+is two reusable (chunk_size, V) fp32 work buffers in forward *and* backward (a plain chunked loop under autograd
+would save every chunk's softmax, i.e. O(T x V) again). The forward saves each row's logsumexp and entropy, which
+makes every element's gradient local: the fused backward is tiled over the vocabulary with all tokens at once
+(same buffer budget), so each block of the weight gradient is one GEMM. Temperature is applied out of place
+(field-report item 3): inputs are never modified.
 
 Compute dtype: fp32 for fp16/bf16/fp32 inputs (fp64 inputs stay fp64); outputs are in the compute dtype.
 
@@ -40,7 +43,7 @@ __all__ = [
 
 Temperature = Union[float, torch.Tensor]
 
-# Per-row temperatures travel as a (T,) fp32 tensor; a single value stays a Python float (no broadcast copy).
+# Per-row temperatures travel as a (T,) tensor in the compute dtype; a single value stays a Python float.
 _RowTemperature = Union[float, torch.Tensor]
 
 
