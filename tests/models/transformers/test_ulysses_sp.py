@@ -120,6 +120,26 @@ def _equivalence(group, kinds: tuple[str, ...], checkpointing: bool) -> dict:
     return res
 
 
+def _fsdp2_compare(group) -> dict:
+    """SP = 2 inside an FSDP2-sharded Qwen3.5 (FSDP over the same 2 ranks): FSDP's gradient reduce-scatter averages
+    over the ranks, which is the SP mean, so the unsharded gradients must equal SP = 1 without any extra step."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    packed = _packed(LENGTHS["qwen3_5"])
+    lp1, g1 = _run(_model("qwen3_5"), packed, None)
+    model = _model("qwen3_5")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(group),))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    lp_sp, g_sp = _run(model, packed, group)
+    g_sp = {n: g.full_tensor() for n, g in g_sp.items()}
+    rel = {n: ((g_sp[n] - g1[n]).abs().max() / g1[n].abs().max().clamp(min=1e-12)).item() for n in g1}
+    nonzero = sum(bool(g.abs().max() > 0) for g in g1.values())
+    return {"lp": (lp1 - lp_sp).abs().max().item(), "grad": max(rel.values()), "nonzero": nonzero, "params": len(g1)}
+
+
 def _multimodal(seed: int = 0):
     """Two image samples (4x4 and 4x6 patches -> 4 and 6 merged tokens) around a text sample, packed with 4-row
     M-RoPE ids: lengths 21, 11, 19 -> T = 51 (padded to 52 under SP 2; slices [0, 26) [26, 52))."""
@@ -249,6 +269,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     if world == 2:
         res = {"equivalence": _equivalence(group, KINDS, checkpointing=True)}
         res["equivalence"]["qwen3_5_vl"] = _multimodal_compare(group)
+        res["equivalence"]["qwen3_5+fsdp2"] = _fsdp2_compare(group)
         res["worker_core"] = _worker_core_log_probs(group)
         res["guards"] = _guards(rank, group)
     else:  # the kinds whose replication paths SP 4 exercises (Llama: KV heads; Qwen3.5: KV and GDN key heads)
