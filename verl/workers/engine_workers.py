@@ -1,40 +1,44 @@
 """Engine worker path (``trainer.use_legacy_worker_impl=disable``): workers written against ``BaseEngine``.
 
 The trainer drives these workers exactly like the legacy ``fsdp_workers`` ones — same ``@register``-ed method
-names, the same ``DataProto`` in and out, the same dispatch — so ``RayPPOTrainer`` needs no branch:
+names, the same ``DataProto`` in and out, the same n-d mesh dispatch — so ``RayPPOTrainer`` needs no branch:
 
-=======================  ============================================================================================
-``ActorRolloutRefWorker``  ``init_model``, ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``,
-                           ``update_actor``, ``save_checkpoint``, ``load_checkpoint`` (role ``actor``, ``rollout``,
-                           ``ref``, ``actor_rollout`` or ``actor_rollout_ref``)
-``CriticWorker``           ``init_model``, ``compute_values``, ``update_critic``, ``save_checkpoint``,
-                           ``load_checkpoint`` (engine-mode critic; upstream hands the trainer a ``TrainingWorker``)
-``TrainingWorker``         upstream's generic engine worker: ``reset``, ``set_loss_fn``, ``train_mini_batch``,
-                           ``train_batch``, ``infer_batch``, ``to``, checkpoints
-=======================  ============================================================================================
+==========================  =========================================================================================
+``ActorRolloutRefWorker``   ``init_model``, ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob``,
+                            ``update_actor``, ``save_checkpoint``, ``load_checkpoint`` (role ``actor``, ``rollout``,
+                            ``ref``, ``actor_rollout`` or ``actor_rollout_ref``)
+``CriticWorker``            ``init_model``, ``compute_values``, ``update_critic``, ``save_checkpoint``,
+                            ``load_checkpoint`` (engine-mode critic; upstream hands the trainer a ``TrainingWorker``)
+``TrainingWorker``          upstream's generic engine worker: ``reset``, ``set_loss_fn``, ``train_mini_batch``,
+                            ``train_batch``, ``infer_batch``, ``to``, checkpoints
+==========================  =========================================================================================
 
-Where the maths lives: the engines (``verl/workers/engine``) run the shared core (``verl/workers/core``); the
-update loop here (PPO epochs × mini-batches, one optimizer step each) is the same as ``DataParallelPPOActor``'s.
-``tests/workers/test_legacy_vs_engine.py`` checks that both paths give the same log-probs, losses, grad norms and
-weights.
+Where the maths lives: the engines (``verl/workers/engine``) build their model with the core's ``build_fsdp_model``
+and run the shared core (``verl/workers/core``); the update loop (PPO epochs × mini-batches, one optimizer step each)
+is ``DataParallelPPOActor``'s. ``tests/workers/test_legacy_vs_engine.py`` checks that both paths give the same
+log-probs, losses, grad norms and weights.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
-from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.device import get_device_id, get_device_name
 from verl.utils.py_functional import append_to_dict
 from verl.workers.core.micro_batching import iter_mini_batches
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.base import LossFunction
+from verl.workers.engine.losses import ppo_loss, value_loss
+from verl.workers.engine.parallel_layout import dp_sp_coordinates
 from verl.workers.engine.worker_utils import (
     BatchPlan,
     actor_update_plan,
@@ -48,7 +52,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "TrainingWorker", "TrainingWorkerConfig"]
 
-_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+_ACTOR_UPDATE_KEYS = ("responses", "input_ids", "attention_mask", "position_ids", "response_mask", "old_log_probs",
+                      "advantages")  # fmt: skip
+_CRITIC_UPDATE_KEYS = ("responses", "input_ids", "attention_mask", "position_ids", "response_mask", "values", "returns")
+
+
+def _device() -> torch.device:
+    name = get_device_name()
+    return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
 
 
 @dataclass(frozen=True)
@@ -75,10 +87,15 @@ class TrainingWorkerConfig:
 class TrainingWorker(Worker):
     """One engine on every rank: forward/backward over ``DataProto`` batches with a loss function.
 
-    Usable as a Ray worker (the ``@register``-ed methods) and in-process by the role workers below.
+    Usable as a Ray worker (mesh ``train``) and in-process by the role workers below.
+
+    Args:
+        config: see :class:`TrainingWorkerConfig`.
+        processing_class: tokenizer written next to HF checkpoints.
+        role: config-key prefix of the role, for error messages (e.g. ``critic``).
     """
 
-    def __init__(self, config: TrainingWorkerConfig, processing_class: Any = None):
+    def __init__(self, config: TrainingWorkerConfig, processing_class: Any = None, role: str = "train"):
         super().__init__()
         init_process_group(self.rank, self.world_size, self._local_rank)
         self.config = config
@@ -90,6 +107,10 @@ class TrainingWorker(Worker):
             config.optimizer_config,
             config.checkpoint_config,
             processing_class=processing_class,
+            role=role,
+        )
+        self._register_dispatch_collect_info(
+            "train", self.engine.get_data_parallel_rank(), self.engine.is_mp_src_rank_with_outputs()
         )
         self.loss_fn: LossFunction | None = None
 
@@ -107,52 +128,49 @@ class TrainingWorker(Worker):
     def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True) -> None:
         self.engine.to(device, model=model, optimizer=optimizer, grad=grad)
 
-    def _require_loss_fn(self) -> LossFunction:
-        if self.loss_fn is None:
-            raise RuntimeError("TrainingWorker has no loss function: call set_loss_fn(loss_fn) before training")
-        return self.loss_fn
-
     def run_mini_batches(self, data: DataProto, plan: BatchPlan) -> dict[str, list[float]]:
         """``plan.epochs`` passes over ``data``, one clipped optimizer step per mini-batch of ``plan`` rows.
 
         Returns the per-mini-batch metrics (loss terms, ``grad_norm``, ``skipped_steps``) as lists.
         """
-        loss_fn = self._require_loss_fn()
+        if self.loss_fn is None:
+            raise RuntimeError("TrainingWorker has no loss function: call set_loss_fn(loss_fn) before training")
         data.meta_info.update(plan.meta_info())
         metrics: dict[str, list[float]] = {}
         with self.engine.train_mode():
             for _, mini_batch in iter_mini_batches(data, plan.mini_batch_size, plan.epochs, plan.shuffle, plan.seed):
-                output = self.engine.train_batch(mini_batch, loss_fn)
+                output = self.engine.train_batch(mini_batch, self.loss_fn)
                 output["metrics"]["skipped_steps"] = float(self.engine.last_step_skipped)
                 append_to_dict(metrics, output["metrics"])
             self.engine.optimizer_zero_grad()
         return metrics
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def infer(self, data: DataProto) -> dict[str, torch.Tensor]:
+        """Forward-only outputs ``{name: (B, R)}`` in input row order (sizes and switches in ``data.meta_info``)."""
+        with self.engine.eval_mode():
+            return self.engine.infer_batch(data)["model_output"]
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
     def train_mini_batch(self, data: DataProto) -> DataProto:
         """Mini-batch training driven by ``data.meta_info`` (per-rank sizes): ``mini_batch_size``, ``epochs``,
         ``shuffle``, ``seed``, ``micro_batch_size`` or ``use_dynamic_bsz`` + ``max_token_len``, and the forward's
         switches (``temperature``, ``calculate_entropy``). Steps the lr schedule once; metrics in ``meta_info``."""
-        plan = BatchPlan.from_meta_info(data.meta_info)
-        metrics = self.run_mini_batches(data, plan)
+        metrics = self.run_mini_batches(data.to(_device()), BatchPlan.from_meta_info(data.meta_info))
         metrics["lr"] = [self.engine.lr_scheduler_step()]
         return DataProto(meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
     def train_batch(self, data: DataProto) -> DataProto:
         """One optimizer step over the whole (per-rank) batch; metrics in ``meta_info``."""
+        if self.loss_fn is None:
+            raise RuntimeError("TrainingWorker has no loss function: call set_loss_fn(loss_fn) before training")
         with self.engine.train_mode():
-            output = self.engine.train_batch(data, self._require_loss_fn())
+            output = self.engine.train_batch(data.to(_device()), self.loss_fn)
         return DataProto(meta_info={"metrics": output["metrics"]})
 
-    def infer(self, data: DataProto) -> dict[str, torch.Tensor]:
-        """Forward-only outputs ``{name: (B, R)}`` in input row order (``data.meta_info`` as in ``train_mini_batch``)."""
-        with self.engine.eval_mode():
-            return self.engine.infer_batch(data)["model_output"]
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
     def infer_batch(self, data: DataProto) -> DataProto:
-        return DataProto.from_dict(tensors=self.infer(data))
+        return DataProto.from_dict(tensors=self.infer(data.to(_device()))).to("cpu")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(
@@ -167,204 +185,219 @@ class TrainingWorker(Worker):
         self.engine.load_checkpoint(local_path, hdfs_path, del_local_after_load)
 
 
+def _select(data: DataProto, keys: list[str], method: str) -> DataProto:
+    missing = [k for k in keys if k not in data.batch.keys()]
+    if missing:
+        raise ValueError(f"{method}: the batch lacks {missing} (has {sorted(data.batch.keys())})")
+    non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
+    return data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor)
+
+
 class ActorRolloutRefWorker(Worker):
-    """Actor, rollout and reference policy of the engine path (upstream name; legacy method names).
+    """Actor, rollout and reference policy of the engine path (upstream name; the legacy worker's methods).
 
     Args:
         config: ``actor_rollout_ref`` (DictConfig or ``ActorRolloutRefConfig``).
         role: ``actor``, ``rollout``, ``ref``, ``actor_rollout`` or ``actor_rollout_ref``.
     """
 
-    def __init__(self, config: Any, role: str):
+    def __init__(self, config: Any, role: str, **kwargs: Any):
         from verl.trainer.config.ppo_trainer import ActorRolloutRefConfig
 
         super().__init__()
-        if role not in _ROLES:
-            raise ValueError(f"ActorRolloutRefWorker role={role!r}: use one of {_ROLES}")
+        if role not in ROLES:
+            raise ValueError(f"ActorRolloutRefWorker role={role!r} is not one of {ROLES}")
         self.config = omega_conf_to_dataclass(config, ActorRolloutRefConfig)
         self.role = role
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
         init_process_group(self.rank, self.world_size, self._local_rank, timeout_s=self.config.nccl_timeout)
+        sp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+        sp = self.config.actor.ulysses_sequence_parallel_size
+        self.dp_size, dp_rank, sp_rank = dp_sp_coordinates(self.rank, self.world_size, sp, sp_key)
+        for mesh_name in ("actor", "rollout", "ref"):
+            self._register_dispatch_collect_info(mesh_name, dp_rank, sp_rank == 0)
         self.actor: TrainingWorker | None = None
         self.ref: TrainingWorker | None = None
         self.rollout: Any = None
+        self.rollout_sharding_manager: Any = None
 
-    @property
-    def dp_size(self) -> int:
-        # Ulysses SP is refused by the engines, so every rank is its own data-parallel rank
-        return self.world_size
-
+    # ------------------------------------------------------------------------------------------------ building
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Build the engines of this role (actor with the PPO loss, forward-only reference) and the rollout."""
-        from functools import partial
-
-        from verl.workers.engine.losses import ppo_loss
-
+        """Build this role's engines (policy: trainable with the PPO loss, or forward-only for a rollout-only
+        worker; frozen reference) and the rollout on the policy's module."""
         cfg = self.config
-        if self._is_actor:
-            actor = cfg.actor
-            worker_config = TrainingWorkerConfig(
-                "language_model", cfg.model, actor.fsdp_config, actor.optim, actor.checkpoint
-            )
-            self.actor = TrainingWorker(worker_config, processing_class=_processing_class(cfg.model))
-            self.actor.reset()
-            self.actor.set_loss_fn(partial(ppo_loss, actor))
-        if self._is_ref:
-            self.ref = TrainingWorker(TrainingWorkerConfig("language_model", cfg.model, cfg.ref.fsdp_config))
-            self.ref.reset()
+        torch.manual_seed(cfg.actor.fsdp_config.seed)
+        if self._is_actor or self._is_rollout:
+            self.actor = self._build_policy()
         if self._is_rollout:
-            self.rollout = self._build_rollout()
+            self._build_rollout()
+        if self._is_ref:
+            ref_config = TrainingWorkerConfig("language_model", cfg.model, cfg.ref.fsdp_config)
+            self.ref = TrainingWorker(ref_config, role="actor_rollout_ref.ref")
+            self.ref.reset()
 
-    def _build_rollout(self) -> Any:
-        from verl.workers.engine.rollout_bridge import build_engine_rollout
+    def _build_policy(self) -> TrainingWorker:
+        cfg, actor = self.config, self.config.actor
+        engine_config = actor.fsdp_config if self._is_actor else replace(actor.fsdp_config, forward_only=True)
+        optim = actor.optim if self._is_actor else None
+        worker_config = TrainingWorkerConfig("language_model", cfg.model, engine_config, optim, actor.checkpoint)
+        policy = TrainingWorker(worker_config, processing_class=cfg.model.tokenizer, role="actor_rollout_ref.actor")
+        policy.reset()
+        if self._is_actor:
+            policy.set_loss_fn(partial(ppo_loss, actor))
+        return policy
 
-        module = self.actor.engine.module if self.actor is not None else None
-        return build_engine_rollout(self.config, module=module, dp_rank=self.rank)
+    def _build_rollout(self) -> None:
+        """The rollout on the policy engine's module (the same wiring as the legacy worker's)."""
+        from torch.distributed.device_mesh import init_device_mesh
 
-    def _require(self, worker: TrainingWorker | None, what: str) -> TrainingWorker:
+        from verl.workers.rollout.base import get_rollout_class
+
+        rollout_config, module = self.config.rollout, self.actor.engine.module
+        rollout_cls = get_rollout_class(rollout_config.name, rollout_config.mode)
+        if rollout_config.name == "hf":
+            from verl.workers.sharding_manager.fsdp_hf import FSDPHFShardingManager
+
+            # generates with the policy module itself: no weight copy
+            self.rollout = rollout_cls(module, rollout_config, self.config.model)
+            self.rollout_sharding_manager = FSDPHFShardingManager(module, self.actor.engine.is_param_offload_enabled)
+            return
+        from verl.workers.sharding_manager.vllm_weight_sync import FSDPVLLMShardingManager
+
+        tp = rollout_config.tensor_model_parallel_size
+        if tp < 1 or self.world_size % tp:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the {self.world_size} ranks"
+            )
+        mesh = init_device_mesh(get_device_name(), (self.world_size // tp, tp), mesh_dim_names=("dp", "infer_tp"))
+        self.rollout = rollout_cls(rollout_config, self.config.model, mesh)
+        seed = self.config.actor.fsdp_config.seed
+        self.rollout_sharding_manager = FSDPVLLMShardingManager(
+            module, self.rollout, dp_rank=self.rank // tp, seed=seed
+        )
+
+    def _require(self, worker: Any, method: str, needed: str) -> Any:
         if worker is None:
-            raise RuntimeError(f"{what} is not available on a worker with role={self.role!r}; call init_model first")
+            raise RuntimeError(f"{method} needs a worker with the {needed} role (after init_model); role={self.role!r}")
         return worker
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    # ------------------------------------------------------------------------------------------------ phases
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Responses for ``prompts`` with the rollout, after streaming the actor's current weights into it."""
-        if self.rollout is None:
-            raise RuntimeError(
-                f"generate_sequences needs role rollout/actor_rollout(_ref), this worker is {self.role!r}"
-            )
-        engine = self.actor.engine if self.actor is not None else None
-        return self.rollout.generate_sequences(prompts, engine)
+        """Responses for this rank's prompts; the sharding manager makes the policy's weights usable first."""
+        self._require(self.rollout, "generate_sequences", "rollout")
+        prompts = prompts.to(_device())
+        tokenizer = self.config.model.tokenizer
+        prompts.meta_info.setdefault("eos_token_id", tokenizer.eos_token_id)
+        prompts.meta_info.setdefault("pad_token_id", tokenizer.pad_token_id)
+        with self.rollout_sharding_manager:
+            prompts = self.rollout_sharding_manager.preprocess_data(prompts)
+            output = self.rollout.generate_sequences(prompts)
+            output = self.rollout_sharding_manager.postprocess_data(output)
+        return output.to("cpu")
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def _log_prob_meta(self, data: DataProto, config: Any, key: str, calculate_entropy: bool) -> DataProto:
+        sp = self.config.actor.ulysses_sequence_parallel_size
+        plan = forward_plan(
+            key,
+            config.log_prob_micro_batch_size,
+            config.log_prob_micro_batch_size_per_gpu,
+            config.log_prob_use_dynamic_bsz,
+            config.log_prob_max_token_len_per_gpu * sp,
+            self.dp_size,
+        )
+        data = _select(data.to(_device()), ["responses", "input_ids", "attention_mask", "position_ids"], key)
+        data.meta_info.update(
+            plan.meta_info(), temperature=self.config.rollout.temperature, calculate_entropy=calculate_entropy
+        )
+        return data
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` (B, R) and ``entropys`` (B, R, for the ``actor/entropy`` metric) of the responses."""
-        actor = self._require(self.actor, "the actor")
-        rollout = self.config.rollout
-        plan = forward_plan(
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size",
-            rollout.log_prob_micro_batch_size,
-            rollout.log_prob_micro_batch_size_per_gpu,
-            rollout.log_prob_use_dynamic_bsz,
-            rollout.log_prob_max_token_len_per_gpu * self.config.actor.ulysses_sequence_parallel_size,
-            self.dp_size,
-        )
-        data.meta_info.update(plan.meta_info(), temperature=rollout.temperature, calculate_entropy=True)
-        output = actor.infer(data)
-        return DataProto.from_dict(
-            tensors={"old_log_probs": output["log_probs"], "entropys": output["entropys"]},
-            meta_info={"temperature": rollout.temperature},
-        )
+        """``old_log_probs`` and ``entropys`` (the trainer logs ``actor/entropy`` from them) under the current
+        policy, with the rollout's log-prob micro-batching and temperature."""
+        actor = self._require(self.actor if self._is_actor else None, "compute_log_prob", "actor")
+        key = "actor_rollout_ref.rollout.log_prob_micro_batch_size"
+        output = actor.infer(self._log_prob_meta(data, self.config.rollout, key, calculate_entropy=True))
+        tensors = {"old_log_probs": output["log_probs"], "entropys": output["entropys"]}
+        meta_info = {"temperature": self.config.rollout.temperature}
+        return DataProto.from_dict(tensors=tensors, meta_info=meta_info).to("cpu")
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob`` (B, R) under the frozen reference policy."""
-        ref = self._require(self.ref, "the reference policy")
-        cfg = self.config.ref
-        plan = forward_plan(
-            "actor_rollout_ref.ref.log_prob_micro_batch_size",
-            cfg.log_prob_micro_batch_size,
-            cfg.log_prob_micro_batch_size_per_gpu,
-            cfg.log_prob_use_dynamic_bsz,
-            cfg.log_prob_max_token_len_per_gpu * cfg.ulysses_sequence_parallel_size,
-            self.dp_size,
-        )
-        data.meta_info.update(plan.meta_info(), temperature=self.config.rollout.temperature, calculate_entropy=False)
-        return DataProto.from_dict(tensors={"ref_log_prob": ref.infer(data)["log_probs"]})
+        """``ref_log_prob`` under the frozen reference policy (no entropy)."""
+        ref = self._require(self.ref, "compute_ref_log_prob", "ref")
+        key = "actor_rollout_ref.ref.log_prob_micro_batch_size"
+        output = ref.infer(self._log_prob_meta(data, self.config.ref, key, calculate_entropy=False))
+        return DataProto.from_dict(tensors={"ref_log_prob": output["log_probs"]}).to("cpu")
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO update (``ppo_epochs`` × mini-batches); ``data.meta_info["temperature"]`` comes from the trainer.
 
-        Metrics (lists, one value per mini-batch) use the legacy names: ``actor/pg_loss``, ``actor/grad_norm``,
-        ``actor/lr`` (the rate this update used; the schedule then steps) ...
+        Metrics (one value per mini-batch) use the legacy names: ``actor/pg_loss``, ``actor/grad_norm``,
+        ``actor/skipped_steps``, ``actor/lr`` (the rate this update used; the schedule then steps) ...
         """
-        actor = self._require(self.actor, "the actor")
+        actor = self._require(self.actor if self._is_actor else None, "update_actor", "actor")
         cfg = self.config.actor
         if "temperature" not in data.meta_info:
             raise ValueError("update_actor: data.meta_info['temperature'] is missing (the trainer sets it)")
+        keys = [*_ACTOR_UPDATE_KEYS, *(["ref_log_prob"] if cfg.use_kl_loss else [])]
+        keys += ["rollout_is_weights"] if "rollout_is_weights" in data.batch.keys() else []
+        batch = _select(data.to(_device()), keys, "update_actor")
+        batch.meta_info["calculate_entropy"] = cfg.uses_entropy
         lr = actor.engine.lr_scheduler.get_last_lr()[0]
-        data.meta_info["calculate_entropy"] = cfg.uses_entropy
-        metrics = actor.run_mini_batches(_actor_update_data(data, cfg), actor_update_plan(cfg, self.dp_size))
+        metrics = prefixed_engine_metrics(actor.run_mini_batches(batch, actor_update_plan(cfg, self.dp_size)), "actor")
         actor.engine.lr_scheduler_step()
-        metrics = prefixed_engine_metrics(metrics, "actor")
-        metrics["actor/lr"] = [lr]
+        metrics["actor/lr"] = lr
         return DataProto(meta_info={"metrics": metrics})
 
+    # ------------------------------------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
     ) -> None:
-        self._require(self.actor, "the actor").save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        """Save the actor's model/optimizer/scheduler/RNG (and HF export with ``hf_model``) atomically."""
+        actor = self._require(self.actor if self._is_actor else None, "save_checkpoint", "actor")
+        actor.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
     ) -> None:
-        self._require(self.actor, "the actor").load_checkpoint(local_path, hdfs_path, del_local_after_load)
-
-
-_UPDATE_KEYS = (
-    "responses",
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "response_mask",
-    "old_log_probs",
-    "advantages",
-)
-
-
-def _actor_update_data(data: DataProto, actor_config: Any) -> DataProto:
-    """The columns the PPO loss reads (as ``DataParallelPPOActor.update_policy`` selects them)."""
-    keys = list(_UPDATE_KEYS)
-    if actor_config.use_kl_loss:
-        keys.append("ref_log_prob")
-    if "rollout_is_weights" in data.batch.keys():
-        keys.append("rollout_is_weights")
-    missing = [k for k in keys if k not in data.batch.keys()]
-    if missing:
-        raise ValueError(f"update_actor: the batch lacks {missing} (has {sorted(data.batch.keys())})")
-    non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
-    return data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor)
-
-
-def _processing_class(model_config: Any) -> Any:
-    """The tokenizer written next to HF checkpoints, or None when the model directory has none."""
-    try:
-        return model_config.tokenizer
-    except (OSError, ValueError) as err:
-        logger.info("no tokenizer at %s (%s): checkpoints will not include one", model_config.path, err)
-        return None
+        actor = self._require(self.actor if self._is_actor else None, "load_checkpoint", "actor")
+        actor.load_checkpoint(local_path, hdfs_path, del_local_after_load)
 
 
 class CriticWorker(Worker):
-    """Value model of the engine path, with the legacy critic's method names.
+    """Value model of the engine path, with the legacy critic's method names. ``config``: the ``critic`` node."""
 
-    Args:
-        config: ``critic`` (DictConfig or ``FSDPCriticConfig``).
-    """
-
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, **kwargs: Any):
         from verl.workers.config import FSDPCriticConfig
 
         super().__init__()
         self.config = omega_conf_to_dataclass(config, FSDPCriticConfig)
         init_process_group(self.rank, self.world_size, self._local_rank)
+        sp_key = "critic.ulysses_sequence_parallel_size"
+        sp = self.config.ulysses_sequence_parallel_size
+        self.dp_size, dp_rank, sp_rank = dp_sp_coordinates(self.rank, self.world_size, sp, sp_key)
+        self._register_dispatch_collect_info("critic", dp_rank, sp_rank == 0)
+        if "hf_model" in self.config.checkpoint.save_contents:
+            raise ValueError(
+                "critic.checkpoint.save_contents contains 'hf_model', but the value model (a causal LM with a one-unit "
+                "head) has no HF export; remove 'hf_model' (the sharded checkpoint resumes the critic)"
+            )
         self.critic: TrainingWorker | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from functools import partial
-
-        from verl.workers.engine.losses import value_loss
-
         cfg = self.config
+        torch.manual_seed(cfg.model.fsdp_config.seed)
         worker_config = TrainingWorkerConfig("value_model", cfg.model, cfg.model.fsdp_config, cfg.optim, cfg.checkpoint)
-        self.critic = TrainingWorker(worker_config)
+        self.critic = TrainingWorker(worker_config, role="critic")
         self.critic.reset()
         self.critic.set_loss_fn(partial(value_loss, cfg))
 
@@ -373,9 +406,9 @@ class CriticWorker(Worker):
             raise RuntimeError("the critic is not built: call init_model first")
         return self.critic
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def compute_values(self, data: DataProto) -> DataProto:
-        """``values`` (B, R) of the responses."""
+        """``values`` (B, R) of this rank's shard."""
         cfg = self.config
         plan = forward_plan(
             "critic.forward_micro_batch_size",
@@ -383,23 +416,25 @@ class CriticWorker(Worker):
             cfg.forward_micro_batch_size_per_gpu,
             cfg.use_dynamic_bsz,
             cfg.forward_max_token_len_per_gpu * cfg.ulysses_sequence_parallel_size,
-            self.world_size,
+            self.dp_size,
+        )
+        data = _select(
+            data.to(_device()), ["responses", "input_ids", "attention_mask", "position_ids"], "compute_values"
         )
         data.meta_info.update(plan.meta_info())
-        return DataProto.from_dict(tensors={"values": self._require_critic().infer(data)["values"]})
+        return DataProto.from_dict(tensors={"values": self._require_critic().infer(data)["values"]}).to("cpu")
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def update_critic(self, data: DataProto) -> DataProto:
-        """Value-function update (``ppo_epochs`` × mini-batches); metrics ``critic/vf_loss``, ``critic/grad_norm``..."""
+        """Value-function update (``ppo_epochs`` × mini-batches); ``critic/vf_loss``, ``critic/grad_norm``,
+        ``critic/lr`` ... (one value per mini-batch)."""
         critic = self._require_critic()
-        keys = ["responses", "input_ids", "attention_mask", "position_ids", "response_mask", "values", "returns"]
+        batch = _select(data.to(_device()), list(_CRITIC_UPDATE_KEYS), "update_critic")
         lr = critic.engine.lr_scheduler.get_last_lr()[0]
-        metrics = critic.run_mini_batches(
-            data.select(batch_keys=keys), critic_update_plan(self.config, self.world_size)
-        )
+        plan = critic_update_plan(self.config, self.dp_size)
+        metrics = prefixed_engine_metrics(critic.run_mini_batches(batch, plan), "critic")
         critic.engine.lr_scheduler_step()
-        metrics = prefixed_engine_metrics(metrics, "critic")
-        metrics["critic/lr"] = [lr]
+        metrics["critic/lr"] = lr
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -28,17 +28,19 @@ from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.device import get_device_id, get_device_name
 from verl.utils.fsdp_utils import (
     check_strategy,
+    create_device_mesh,
     load_fsdp_model_to_gpu,
     load_fsdp_optimizer,
     offload_fsdp_model_to_cpu,
     offload_fsdp_optimizer,
 )
+from verl.workers.core.fsdp_model import FSDPModel, build_fsdp_model
 from verl.workers.core.losses import MetricAccumulator
 from verl.workers.core.micro_batching import global_batch_info, restore_order, split_micro_batches
 from verl.workers.core.model_forward import LogProbOptions, forward_log_probs, forward_values, multi_modal_kwargs
-from verl.workers.core.optimizer_step import build_lr_scheduler, build_optimizer, clip_grad_and_step
+from verl.workers.core.optimizer_step import clip_grad_and_step
 from verl.workers.engine.base import BaseEngine, EngineRegistry, LossFunction
-from verl.workers.engine.fsdp.module_builder import build_hf_module, wrap_fsdp_module
+from verl.workers.engine.parallel_layout import DataSequenceLayout
 
 logger = logging.getLogger(__name__)
 
@@ -69,23 +71,24 @@ class FSDPEngine(BaseEngine):
         checkpoint_config: Any = None,
         *,
         processing_class: Any = None,
+        role: str = "actor_rollout_ref.actor",
     ):
         self.strategy = self._check_strategy(engine_config.strategy)
-        if engine_config.ulysses_sequence_parallel_size > 1:
-            raise ValueError(
-                f"ulysses_sequence_parallel_size={engine_config.ulysses_sequence_parallel_size}: Ulysses sequence "
-                "parallelism is not available in the engine worker path yet; set it to 1"
-            )
         if model_config.lora_rank > 0:
-            raise ValueError("model.lora_rank > 0: LoRA is not supported by the FSDP engine yet; set lora_rank=0")
+            raise ValueError(f"{role}: model.lora_rank > 0 (LoRA) is not supported by the FSDP engine; set lora_rank=0")
         if not engine_config.forward_only and optimizer_config is None:
-            raise ValueError("a trainable engine needs an optimizer config (the role's `optim` block)")
+            raise ValueError(f"{role}: a trainable engine needs the role's `optim` config")
         self.model_config = model_config
         self.engine_config = engine_config
         self.optimizer_config = optimizer_config
         self.checkpoint_config = checkpoint_config
         self.processing_class = processing_class
+        self.role = role
+        self.layout = DataSequenceLayout.from_world(
+            engine_config.ulysses_sequence_parallel_size, f"{role}.ulysses_sequence_parallel_size"
+        )
         self.module: nn.Module | None = None
+        self.hf_config: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: Any = None
         self.checkpoint_manager: FSDPCheckpointManager | None = None
@@ -96,17 +99,12 @@ class FSDPEngine(BaseEngine):
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     def initialize(self) -> None:
-        """Load the HF model, shard it, build optimizer + lr schedule + checkpoint manager, offload as configured."""
-        self.module = self._build_sharded_module()
-        if self.model_config.enable_activation_offload:
-            from verl.utils.activation_offload import enable_activation_offloading
-
-            self._activation_offload = enable_activation_offloading(
-                self.module, self.strategy, self.model_config.enable_gradient_checkpointing
-            )
-        if not self.engine_config.forward_only:
-            self.optimizer = build_optimizer(self.module.parameters(), self.optimizer_config)
-            self.lr_scheduler = build_lr_scheduler(self.optimizer, self.optimizer_config)
+        """Build the sharded model with its optimizer and lr schedule (the core's ``build_fsdp_model``, as the legacy
+        worker does), the Ulysses groups and the checkpoint manager; then offload as configured."""
+        self.layout.build_groups()
+        built = self._build_model()
+        self.module, self.hf_config = built.module, built.hf_config
+        self.optimizer, self.lr_scheduler = built.optimizer, built.lr_scheduler
         self.checkpoint_manager = FSDPCheckpointManager(
             model=self.module,
             optimizer=self.optimizer,
@@ -120,11 +118,18 @@ class FSDPEngine(BaseEngine):
     def _check_strategy(strategy: str) -> str:
         return check_strategy(strategy, "fsdp_config.strategy")
 
-    def _build_sharded_module(self) -> nn.Module:
-        """The HF model (patched, gradient checkpointing) sharded by the strategy's FSDP adapter."""
-        dtype = self.engine_config.model_dtype
-        module = build_hf_module(self.model_config, model_type=self.model_type, torch_dtype=dtype)
-        return wrap_fsdp_module(module, self.engine_config)
+    def _build_model(self) -> FSDPModel:
+        forward_only = self.engine_config.forward_only
+        return build_fsdp_model(
+            self.model_config,
+            self.engine_config,
+            strategy=self.strategy,
+            mesh=create_device_mesh(dist.get_world_size(), self.engine_config.fsdp_size),
+            optim_config=None if forward_only else self.optimizer_config,
+            forward_only=forward_only,
+            value_head=self.model_type == "value_model",
+            role=self.role,
+        )
 
     @property
     def is_param_offload_enabled(self) -> bool:
@@ -268,13 +273,18 @@ class FSDPEngine(BaseEngine):
 
     # ------------------------------------------------------------------------------------------------ topology
     def get_data_parallel_size(self) -> int:
-        return dist.get_world_size() if dist.is_initialized() else 1
+        return self.layout.dp_size
 
     def get_data_parallel_rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else 0
+        return self.layout.dp_rank
 
     def get_data_parallel_group(self) -> Any:
-        return dist.group.WORLD if dist.is_initialized() else None
+        """The dp group of the core's global counts and dynamic batching (None = the world, when SP is 1)."""
+        return self.layout.dp_group
+
+    def is_mp_src_rank_with_outputs(self) -> bool:
+        """Only SP rank 0 of each Ulysses group returns outputs (its peers hold the same rows)."""
+        return self.layout.is_collect
 
 
 def _current_device() -> torch.device:
@@ -320,6 +330,7 @@ class FSDPEngineWithLMHead(FSDPEngine):
             calculate_entropy=bool(meta.get("calculate_entropy", False)),
             options=self.log_prob_options,
             multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
+            ulysses_group=self.layout.ulysses_group,
         )
 
 
@@ -337,5 +348,9 @@ class FSDPEngineWithValueHead(FSDPEngine):
             response_length=batch["responses"].shape[-1],
             use_remove_padding=self.model_config.use_remove_padding,
             multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
+            ulysses_group=self.layout.ulysses_group,
         )
-        return {"values": values}
+        # values outside the response are 0, as DataParallelPPOCritic returns them (the mask belongs in the core's
+        # forward_values, where both drivers would share it)
+        response_mask = batch["attention_mask"][:, -values.shape[-1] :]
+        return {"values": values * response_mask.to(values.dtype)}

@@ -22,6 +22,8 @@ import torch.nn as nn
 
 from verl.models.transformers.packed_forward import VARLEN_PATCHED_ATTR
 from verl.utils.device import get_device_name
+from verl.workers.core.fsdp_model import FSDPModel
+from verl.workers.core.optimizer_step import build_lr_scheduler, build_optimizer
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine, FSDPEngineWithLMHead
 from verl.workers.engine.veomni.config import (
@@ -71,6 +73,21 @@ class VeOmniEngine(FSDPEngine):
         if strategy != "veomni":
             raise ValueError(f"the VeOmni engine needs strategy=veomni, got {strategy!r}")
         return strategy
+
+    def _build_model(self) -> FSDPModel:
+        """VeOmni's sharded model with the core's optimizer and lr schedule (as every engine)."""
+        if self.engine_config.ulysses_parallel_size > 1:
+            raise ValueError(
+                "veomni.ulysses_parallel_size > 1: VeOmni's own sequence parallelism is not wired to the shared "
+                "core's packed stream yet; use ulysses_parallel_size=1, or strategy=fsdp2 with "
+                "ulysses_sequence_parallel_size"
+            )
+        module = self._build_sharded_module()
+        built = FSDPModel(module=module, hf_config=getattr(module, "config", None))
+        if not self.engine_config.forward_only:
+            built.optimizer = build_optimizer(module.parameters(), self.optimizer_config)
+            built.lr_scheduler = build_lr_scheduler(built.optimizer, self.optimizer_config)
+        return built
 
     def _build_sharded_module(self) -> nn.Module:
         if not dist.is_initialized():
