@@ -91,8 +91,6 @@ def test_ppo_with_critic_runs(assets, tmp_path):
             assets,
             tmp_path,
             "algorithm.adv_estimator=gae",
-            "critic.ppo_micro_batch_size_per_gpu=64",
-            "critic.optim.lr=1e-3",
             "trainer.total_training_steps=2",
             "trainer.val_before_train=False",
         )
