@@ -2,10 +2,12 @@
 every phase, including checkpoint save/load and the HF export, must see its tensors on one device."""
 
 import os
+import socket
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from tensordict import TensorDict
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -57,22 +59,6 @@ def _prompts(pad_id: int) -> DataProto:
     return DataProto(batch=td, meta_info={"do_sample": True})
 
 
-@pytest.fixture
-def single_rank_env(monkeypatch):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1").items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _npu_params(module) -> set[str]:
     return {p.device.type for p in module.parameters()}
 
@@ -84,12 +70,42 @@ _NO_STREAMS = pytest.mark.xfail(
 )
 
 
-@pytest.mark.usefixtures("npu_sim", "single_rank_env")
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("fsdp", marks=_NO_STREAMS)])
 def test_offloaded_actor_phases_and_checkpoint_on_simulated_npu(tmp_path, strategy):
     """Invariants on the simulated NPU with param+optimizer offload: between phases parameters and AdamW state
     are on the CPU; generate, log-prob, update, save (with HF export) and load each run with every tensor on the
-    npu (a CPU/NPU mix raises there, as on hardware); the reloaded worker reproduces the updated log-probs."""
+    npu (a CPU/NPU mix raises there, as on hardware); the reloaded worker reproduces the updated log-probs, which
+    equal the exported HF model's.
+
+    Runs in a fresh process: the autograd engine sizes its per-device queues at its first backward, so a
+    simulated device installed after other tests' backward passes in the same process would not get one."""
+    mp.spawn(_scenario, args=(_free_port(), str(tmp_path), strategy), nprocs=1, join=True)
+
+
+def _scenario(rank: int, port: int, root: str, strategy: str) -> None:
+    from pathlib import Path
+
+    from verl.utils.platform.npu_sim import simulated_ascend
+
+    os.environ.pop("VERL_PLATFORM", None)
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    with simulated_ascend():
+        try:
+            _run_phases(Path(root), strategy)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _run_phases(tmp_path, strategy: str) -> None:
     from verl.utils.device import get_device_name
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
