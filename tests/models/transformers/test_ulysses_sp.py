@@ -26,7 +26,7 @@ from verl.models.transformers.patch_registry import apply_patches
 from verl.utils.packing import PackedBatch, pack_padded_batch, pack_values
 from verl.utils.rope_utils import get_packed_mrope_position_ids
 
-pytestmark = [pytest.mark.dist, pytest.mark.tf_compat]
+pytestmark = pytest.mark.tf_compat
 
 VOCAB = 128
 LENGTHS = {"llama": (7, 1, 12, 5), "qwen2": (7, 1, 12, 5), "qwen3_5": (37, 1, 50, 29), "qwen3_5_moe": (37, 1, 50, 29)}
@@ -124,15 +124,17 @@ def _fsdp2_compare(group) -> dict:
     """SP = 2 inside an FSDP2-sharded Qwen3.5 (FSDP over the same 2 ranks): FSDP's gradient reduce-scatter averages
     over the ranks, which is the SP mean, so the unsharded gradients must equal SP = 1 without any extra step."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     packed = _packed(LENGTHS["qwen3_5"])
     lp1, g1 = _run(_model("qwen3_5"), packed, None)
     model = _model("qwen3_5")
     mesh = init_device_mesh("cpu", (dist.get_world_size(group),))
+    # fp32 "mixed" precision still casts the forward inputs: FSDP then rebuilds every dataclass among the kwargs
+    policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=True)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     lp_sp, g_sp = _run(model, packed, group)
     g_sp = {n: g.full_tensor() for n, g in g_sp.items()}
     rel = {n: ((g_sp[n] - g1[n]).abs().max() / g1[n].abs().max().clamp(min=1e-12)).item() for n in g1}
@@ -295,6 +297,21 @@ def _assert_equivalent(results: list[dict]) -> None:
             assert r["nonzero"] >= r["params"] - 4, (kind, r)
 
 
+def test_context_passes_through_fsdp_input_handling_unchanged():
+    """Invariant: FSDP's forward-input cast/move (torch.distributed.utils._apply_to_tensors) hands the layers the
+    very UlyssesContext object forward_packed checks after the forward (a rebuilt copy would hide the layers'
+    call counts; dataclasses are rebuilt, so the context must not be one)."""
+    from torch.distributed.utils import _apply_to_tensors
+
+    from verl.models.transformers.ulysses import ULYSSES_KWARG, UlyssesContext
+
+    context = UlyssesContext(None, 2, 0, torch.tensor([0, 3, 4], dtype=torch.int32), 3)
+    kwargs = {ULYSSES_KWARG: context, "input_ids": torch.zeros(1, 2, dtype=torch.long)}
+    cast = _apply_to_tensors(lambda t: t.to(torch.float32) if t.is_floating_point() else t, kwargs)
+    assert cast[ULYSSES_KWARG] is context
+
+
+@pytest.mark.dist
 def test_sp2_equals_sp1_for_every_model_and_refuses_misuse():
     """Invariant (DESIGN.md): with SP = 2 the packed log-probs of Llama, Qwen2, Qwen3.5, Qwen3.5-MoE and multimodal
     Qwen3.5 (images, 4-row M-RoPE ids) equal SP = 1 (fp32 1e-5) and the SP-averaged parameter gradients equal the SP = 1 gradients (1e-4 relative), also with
@@ -312,6 +329,7 @@ def test_sp2_equals_sp1_for_every_model_and_refuses_misuse():
         assert guards["bypassed"].startswith("RuntimeError: Ulysses SP forward: 1/2 attention")
 
 
+@pytest.mark.dist
 @pytest.mark.slow
 def test_sp4_equals_sp1_with_replicated_kv_and_gdn_key_heads():
     """Invariant: SP = 4 equals SP = 1 as above. With 4 ranks the tiny models' 2 KV heads (attention) and 2 GDN key

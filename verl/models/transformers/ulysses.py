@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -56,7 +55,6 @@ _MASKED_IMPLEMENTATIONS = ("sdpa", "eager")
 _SP_KEY = "ulysses_sequence_parallel_size"
 
 
-@dataclass
 class UlyssesContext:
     """What every token mixer needs during one SP forward.
 
@@ -67,16 +65,24 @@ class UlyssesContext:
         cu_seqlens: ``(N + 1,)`` int32 boundaries of the whole padded stream (the padding is its own sequence).
         max_seqlen: longest sequence of the padded stream.
         attention_calls / mixer_calls: SP attention / recurrent-mixer calls seen (checked after the forward).
+
+    Deliberately not a dataclass: FSDP's forward-input handling (``torch.distributed.utils._apply_to_tensors``, used
+    to cast or move the kwargs) rebuilds every dataclass it meets, so the layers would count their calls on a copy
+    and the post-forward check would see none. Plain objects pass through FSDP unchanged.
     """
 
-    group: ProcessGroup
-    world_size: int
-    rank: int
-    cu_seqlens: torch.Tensor
-    max_seqlen: int
-    attention_calls: int = 0
-    mixer_calls: int = 0
-    _masks: dict = field(default_factory=dict, repr=False)
+    def __init__(self, group: ProcessGroup, world_size: int, rank: int, cu_seqlens: torch.Tensor, max_seqlen: int):
+        self.group = group
+        self.world_size = world_size
+        self.rank = rank
+        self.cu_seqlens = cu_seqlens
+        self.max_seqlen = max_seqlen
+        self.attention_calls = 0
+        self.mixer_calls = 0
+        self._masks: dict = {}
+
+    def __repr__(self) -> str:
+        return f"UlyssesContext(world_size={self.world_size}, rank={self.rank}, tokens={self.padded_tokens})"
 
     @classmethod
     def from_shard(cls, shard: UlyssesShard, group: ProcessGroup) -> UlyssesContext:
