@@ -145,8 +145,12 @@ def test_actor_level_log_probs_update_and_weights_match(model, qwen2_dir, qwen3_
 PROMPTS_PER_RANK, N, PROMPT_LEN, RESPONSE_LEN = 2, 2, 6, 5
 
 
-def _yaml_config(model_path: str, strategy: str):
+def _yaml_config(model_path: str, strategy: str, sp: int):
     overrides = [
+        f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}",
+        f"critic.ulysses_sequence_parallel_size={sp}",
+        # the critic's padded forward at SP 1, its packed forward (required by SP) at SP 2
+        f"critic.model.use_remove_padding={sp > 1}",
         "actor_rollout_ref.rollout.name=hf",
         f"actor_rollout_ref.model.path={model_path}",
         f"critic.model.path={model_path}",
@@ -191,7 +195,8 @@ def _prompts(rank: int, pad_id: int) -> DataProto:
 
 def _one_step(module, cfg, rank: int) -> dict:
     """The trainer's calls on one rank: generate, old/ref log-probs, values, critic and actor updates, log-probs
-    after the update. Sampling is seeded, so both paths draw the same responses from the same weights."""
+    after the update. Sampling is seeded, so both paths draw the same responses from the same weights. ``rank`` is
+    the data-parallel rank: the rows this rank holds."""
     actor = module.ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout_ref")
     actor.init_model()
     critic = module.CriticWorker(cfg.critic)
@@ -230,7 +235,7 @@ def _assert_same_step(legacy: dict, engine: dict) -> None:
             assert engine[group][key] == pytest.approx(value, abs=1e-6, rel=0), key
 
 
-def _dist_worker(rank: int, world_size: int, port: int, cfg, out) -> None:
+def _dist_worker(rank: int, world_size: int, port: int, cfg, sp: int, out) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
@@ -239,8 +244,9 @@ def _dist_worker(rank: int, world_size: int, port: int, cfg, out) -> None:
     from verl.workers import engine_workers, fsdp_workers
 
     try:
-        legacy = _one_step(fsdp_workers, cfg, rank)
-        engine = _one_step(engine_workers, cfg, rank)
+        # the sp ranks of one Ulysses group hold the same rows (dispatch by dp rank = rank // sp)
+        legacy = _one_step(fsdp_workers, cfg, rank // sp)
+        engine = _one_step(engine_workers, cfg, rank // sp)
         _assert_same_step(legacy, engine)
         assert (legacy["new"] - legacy["old"]).abs().max() > 1e-4  # the update moved the policy
         out[rank] = sorted(engine["actor_metrics"])
@@ -255,11 +261,13 @@ def _free_port() -> int:
 
 
 @pytest.mark.dist
-def test_worker_level_one_trainer_step_matches_on_two_ranks(tmp_path):
-    """Invariant (fsdp_workers = engine_workers, FSDP2 on 2 gloo ranks, param + optimizer offload): the same
-    trainer calls give the same sampled responses, old/ref log-probs, entropies, values, critic and actor metrics
-    (same names and values, incl. actor/lr, actor/kl_loss, actor/entropy, critic/vf_loss) and the same log-probs and
-    values after the updates, on every rank (1e-6)."""
+@pytest.mark.parametrize("sp", [1, 2])
+def test_worker_level_one_trainer_step_matches_on_two_ranks(tmp_path, sp):
+    """Invariant (fsdp_workers = engine_workers, FSDP2 on 2 gloo ranks, param + optimizer offload, Ulysses SP 1 =
+    2 data-parallel ranks or SP 2 = one sequence-parallel group): the same trainer calls give the same sampled
+    responses, old/ref log-probs, entropies, values, critic and actor metrics (same names and values, incl. actor/lr,
+    actor/kl_loss, actor/entropy, critic/vf_loss) and the same log-probs and values after the updates, on every
+    rank (1e-6)."""
     model_path = str(tmp_path / "tiny")
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -273,5 +281,6 @@ def test_worker_level_one_trainer_step_matches_on_two_ranks(tmp_path):
     Qwen2ForCausalLM(hf_cfg).save_pretrained(model_path)
     tokenizer.save_pretrained(model_path)
     out = mp.Manager().dict()
-    mp.spawn(_dist_worker, args=(2, _free_port(), _yaml_config(model_path, "fsdp2"), out), nprocs=2, join=True)
+    cfg = _yaml_config(model_path, "fsdp2", sp)
+    mp.spawn(_dist_worker, args=(2, _free_port(), cfg, sp, out), nprocs=2, join=True)
     assert out[0] == out[1] and {"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/lr"} <= set(out[0])

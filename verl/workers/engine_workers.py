@@ -235,7 +235,9 @@ class ActorRolloutRefWorker(Worker):
         if self._is_rollout:
             self._build_rollout()
         if self._is_ref:
-            ref_config = TrainingWorkerConfig("language_model", cfg.model, cfg.ref.fsdp_config)
+            # the reference policy is frozen whatever ref.fsdp_config.forward_only says (as in the legacy worker)
+            ref_engine = replace(cfg.ref.fsdp_config, forward_only=True)
+            ref_config = TrainingWorkerConfig("language_model", cfg.model, ref_engine)
             self.ref = TrainingWorker(ref_config, role="actor_rollout_ref.ref")
             self.ref.reset()
 

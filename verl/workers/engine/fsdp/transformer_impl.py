@@ -93,8 +93,10 @@ class FSDPEngine(BaseEngine):
         self.lr_scheduler: Any = None
         self.checkpoint_manager: FSDPCheckpointManager | None = None
         self.last_step_skipped = False
-        # CPUOffloadPolicy owns parameter placement: never move parameters by hand then (upstream #5995).
-        self._param_offload = engine_config.param_offload and not engine_config.offload_policy
+        # CPUOffloadPolicy owns parameter placement: never move parameters by hand then (upstream #5995). A
+        # forward-only engine on a device is built with FSDP's own CPU offload (build_fsdp_model), same rule.
+        self._fsdp_owns_placement = engine_config.offload_policy or engine_config.forward_only
+        self._param_offload = engine_config.param_offload and not self._fsdp_owns_placement
         self._optimizer_offload = engine_config.optimizer_offload and not engine_config.forward_only
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -159,7 +161,7 @@ class FSDPEngine(BaseEngine):
         if device not in _DEVICES:
             raise ValueError(f"engine.to(device={device!r}): use 'cpu' or the device name ({get_device_name()!r})")
         module = self._require_module()
-        if model and not self.engine_config.offload_policy:
+        if model and not self._fsdp_owns_placement:
             if device == "cpu":
                 offload_fsdp_model_to_cpu(module)
             else:
