@@ -200,3 +200,38 @@ def test_user_errors_name_the_fix(tmp_path, make_batch):
     critic = OmegaConf.create({"model": {"path": path}, "checkpoint": {"save_contents": ["model", "hf_model"]}})
     with pytest.raises(ValueError, match="remove 'hf_model'"):
         CriticWorker(critic)
+
+
+@pytest.mark.dist
+def test_engine_actor_rollout_worker_through_ray(tmp_path):
+    """Invariant: the engine worker plugs into a 2-worker Ray group exactly like the legacy one (n-d mesh
+    dispatch): init_model + generate_sequences + compute_log_prob return one row per prompt row in the driver's
+    order, and the old log-probs equal the naive log-softmax of the checkpoint's logits at temperature 1 (fp32:
+    1e-5)."""
+    import ray
+
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    path = _model_dir(tmp_path)
+    config = _config(path, ppo_mini_batch_size=4)
+    config.actor.fsdp_config.param_offload = False
+    prompts = DataProto.concat([_prompts(0), _prompts(0)])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        pool = RayResourcePool(process_on_nodes=[2], use_gpu=True, max_colocate_count=1)
+        group = RayWorkerGroup(pool, RayClassWithInitArgs(ray.remote(ActorRolloutRefWorker), config, "actor_rollout"))
+        group.init_model()
+        gen = group.generate_sequences(prompts)
+        assert torch.equal(gen.batch["prompts"], prompts.batch["input_ids"])
+        old = group.compute_log_prob(gen).batch["old_log_probs"]
+    finally:
+        ray.shutdown()
+    model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    td = gen.batch
+    with torch.no_grad():
+        logits = model(input_ids=td["input_ids"], attention_mask=td["attention_mask"], position_ids=td["position_ids"])
+    logp = torch.log_softmax(logits.logits[:, -RESPONSE_LEN - 1 : -1].float(), -1)
+    expected = logp.gather(-1, td["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = td["attention_mask"][:, -RESPONSE_LEN:].bool()
+    torch.testing.assert_close(old[mask], expected[mask], rtol=0, atol=1e-5)
