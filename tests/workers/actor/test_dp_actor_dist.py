@@ -59,18 +59,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-_SP_CONTEXT_COPIED = pytest.mark.xfail(
-    strict=True,
-    reason="FSDP's forward-input cast rebuilds dataclass kwargs (torch.distributed.utils._apply_to_tensors), so the "
-    "call counters of the dataclass UlyssesContext (verl/models/transformers/ulysses.py) stay 0 and its post-forward "
-    "check raises; with that check bypassed this case matches the single process to 4e-9",
-)
-
-
 @pytest.mark.dist
 @pytest.mark.parametrize(
     "strategy,dynamic,sp",
-    [("fsdp", False, 1), ("fsdp2", True, 1), pytest.param("fsdp2", False, 2, marks=_SP_CONTEXT_COPIED)],
+    [("fsdp", False, 1), ("fsdp2", True, 1), ("fsdp2", False, 2)],
 )
 def test_two_rank_update_equals_single_process(make_model, make_batch, strategy, dynamic, sp):
     """Invariant (FSDP = single process): one PPO mini-batch of 8 rows with KL loss, split over 2 ranks (fixed-size
