@@ -162,3 +162,22 @@ def test_config_mistakes_fail_before_ray(assets, tmp_path, override, key):
     assert key in output
     assert "Started a local Ray instance" not in output
     assert time.time() - start < 120
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_grpo_on_two_ranks(assets, tmp_path, strategy):
+    """GRPO through main_ppo with 2 FSDP ranks (gloo) for each strategy: the run completes and logs every step."""
+    _run(
+        _command(
+            assets,
+            tmp_path,
+            f"actor_rollout_ref.actor.strategy={strategy}",
+            "trainer.n_gpus_per_node=2",
+            "ray_kwargs.ray_init.num_cpus=3",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=False",
+        )
+    )
+    metrics = _metrics(tmp_path)
+    assert sorted(metrics) == [1, 2]
+    assert all(0.0 <= metrics[s]["critic/score/mean"] <= 1.0 for s in (1, 2))
