@@ -10,8 +10,8 @@ from __future__ import annotations
 from verl import DataProto
 
 
-class ActorRolloutRefGroup:
-    """Methods of ``fsdp_workers.ActorRolloutRefWorker`` that the trainer calls (role actor/rollout/ref)."""
+class _WorkerGroupFacade:
+    """What every role's group offers: its size, model initialisation and checkpoints."""
 
     def __init__(self, worker_group):
         self.worker_group = worker_group
@@ -22,6 +22,16 @@ class ActorRolloutRefGroup:
 
     def init_model(self) -> None:
         self.worker_group.init_model()
+
+    def save_checkpoint(self, local_path: str, global_step: int) -> None:
+        self.worker_group.save_checkpoint(local_path, None, global_step, None)
+
+    def load_checkpoint(self, local_path: str) -> None:
+        self.worker_group.load_checkpoint(local_path, None, False)
+
+
+class ActorRolloutRefGroup(_WorkerGroupFacade):
+    """Methods of ``ActorRolloutRefWorker`` (legacy or engine path) that the trainer calls."""
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         return self.worker_group.generate_sequences(prompts)
@@ -35,34 +45,12 @@ class ActorRolloutRefGroup:
     def update_actor(self, data: DataProto) -> DataProto:
         return self.worker_group.update_actor(data)
 
-    def save_checkpoint(self, local_path: str, global_step: int) -> None:
-        self.worker_group.save_checkpoint(local_path, None, global_step, None)
 
-    def load_checkpoint(self, local_path: str) -> None:
-        self.worker_group.load_checkpoint(local_path, None, False)
-
-
-class CriticGroup:
-    """Methods of ``fsdp_workers.CriticWorker`` that the trainer calls."""
-
-    def __init__(self, worker_group):
-        self.worker_group = worker_group
-
-    @property
-    def world_size(self) -> int:
-        return self.worker_group.world_size
-
-    def init_model(self) -> None:
-        self.worker_group.init_model()
+class CriticGroup(_WorkerGroupFacade):
+    """Methods of ``CriticWorker`` (legacy) or the engine ``TrainingWorker`` as critic that the trainer calls."""
 
     def compute_values(self, data: DataProto) -> DataProto:
         return self.worker_group.compute_values(data)
 
     def update_critic(self, data: DataProto) -> DataProto:
         return self.worker_group.update_critic(data)
-
-    def save_checkpoint(self, local_path: str, global_step: int) -> None:
-        self.worker_group.save_checkpoint(local_path, None, global_step, None)
-
-    def load_checkpoint(self, local_path: str) -> None:
-        self.worker_group.load_checkpoint(local_path, None, False)
