@@ -235,3 +235,19 @@ def test_engine_actor_rollout_worker_through_ray(tmp_path):
     expected = logp.gather(-1, td["responses"].unsqueeze(-1)).squeeze(-1)
     mask = td["attention_mask"][:, -RESPONSE_LEN:].bool()
     torch.testing.assert_close(old[mask], expected[mask], rtol=0, atol=1e-5)
+
+
+@pytest.mark.usefixtures("single_rank_env")
+@pytest.mark.parametrize(("strategy", "version"), [("fsdp", 1), ("fsdp2", 2)])
+def test_role_strategy_key_selects_the_engine_wrapper(tmp_path, strategy, version):
+    """Invariant (field-report item 9; upstream #5885 built FSDP1 in the engine path for actor.strategy=fsdp2):
+    with only actor_rollout_ref.actor.strategy set (fsdp_config.strategy left null), the engine worker's actor and
+    reference engines are wrapped with exactly that FSDP version."""
+    from verl.utils.fsdp_utils import fsdp_version
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    config = _config(_model_dir(tmp_path), strategy=strategy)
+    config.ref.strategy = strategy
+    worker = ActorRolloutRefWorker(config, role="actor_rollout_ref")
+    worker.init_model()
+    assert fsdp_version(worker.actor.engine.module) == fsdp_version(worker.ref.engine.module) == version
