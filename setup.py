@@ -38,7 +38,8 @@ EXTRAS = {
     "vllm": ["vllm>=0.17"],  # Qwen3.5 support
     # Ascend: torch_npu must match torch exactly and needs CANN (source set_env.sh); vllm-ascend comes from its image.
     "npu": ["torch-npu>=2.6", "pyyaml", "decorator"],
-    "veomni": ["veomni>=0.1.8"],
+    # veomni pulls timm → torchvision → a CUDA torch: install it into its own image with --no-deps.
+    "veomni": ["veomni>=0.1.12"],
     "gpu": ["flash-linear-attention>=0.4", "liger-kernel>=0.5"],
     "tracking": ["wandb>=0.16", "tensorboard>=2.14"],
     # Opt-in real pretrained model for the CPU example (SmolLM2-135M-Instruct as GGUF).

@@ -173,6 +173,7 @@ def test_grpo_on_two_ranks(assets, tmp_path, strategy):
             tmp_path,
             f"actor_rollout_ref.actor.strategy={strategy}",
             "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
             "ray_kwargs.ray_init.num_cpus=3",
             "trainer.total_training_steps=2",
             "trainer.val_before_train=False",
@@ -181,3 +182,17 @@ def test_grpo_on_two_ranks(assets, tmp_path, strategy):
     metrics = _metrics(tmp_path)
     assert sorted(metrics) == [1, 2]
     assert all(0.0 <= metrics[s]["critic/score/mean"] <= 1.0 for s in (1, 2))
+
+
+def test_engine_worker_path_trains(assets, tmp_path):
+    """trainer.use_legacy_worker_impl=disable selects the engine workers; the same GRPO run completes."""
+    _run(
+        _command(
+            assets,
+            tmp_path,
+            "trainer.use_legacy_worker_impl=disable",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=False",
+        )
+    )
+    assert sorted(_metrics(tmp_path)) == [1, 2]

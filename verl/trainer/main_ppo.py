@@ -102,17 +102,22 @@ class TaskRunner:
 
     @staticmethod
     def role_worker_mapping(config: DictConfig) -> dict:
+        """Worker classes per role: the FSDP workers (legacy path) or the engine workers
+        (``trainer.use_legacy_worker_impl=disable``); both drive the same shared core."""
         strategy = config.actor_rollout_ref.actor.strategy
         if config.trainer.use_legacy_worker_impl == "disable":
-            raise ValueError(
-                "trainer.use_legacy_worker_impl=disable selects the engine workers, which verl-ascend does not ship "
-                "yet; use trainer.use_legacy_worker_impl=auto (the FSDP workers)"
-            )
-        if strategy not in ("fsdp", "fsdp2"):
-            raise ValueError(
-                f"actor_rollout_ref.actor.strategy={strategy!r} is not supported by the FSDP workers; use fsdp or fsdp2"
-            )
-        from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+            from verl.workers.engine import EngineRegistry
+
+            # Fails here, on the driver, with the key named when no engine serves this strategy/device.
+            EngineRegistry.get_engine_cls("language_model", strategy, device=config.trainer.device)
+            from verl.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
+        else:
+            if strategy not in ("fsdp", "fsdp2"):
+                raise ValueError(
+                    f"actor_rollout_ref.actor.strategy={strategy!r} is not supported by the FSDP workers; use fsdp or "
+                    "fsdp2, or trainer.use_legacy_worker_impl=disable for the engine workers"
+                )
+            from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
         mapping = {Role.ActorRollout: ray.remote(ActorRolloutRefWorker)}
         if need_critic(config):
