@@ -85,7 +85,7 @@ def test_grpo_quickstart_learns(assets, tmp_path):
 
 
 def test_ppo_with_critic_runs(assets, tmp_path):
-    """GAE with a critic: values, critic update and the critic metrics appear in every step."""
+    """GAE with a critic: values, critic update and the critic metrics appear in every step; rollouts are dumped."""
     _run(
         _command(
             assets,
@@ -93,12 +93,16 @@ def test_ppo_with_critic_runs(assets, tmp_path):
             "algorithm.adv_estimator=gae",
             "trainer.total_training_steps=2",
             "trainer.val_before_train=False",
+            f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
         )
     )
     metrics = _metrics(tmp_path)
     assert sorted(metrics) == [1, 2]
     for step in (1, 2):
         assert "critic/vf_loss" in metrics[step] and "critic/values/mean" in metrics[step]
+    # trainer.rollout_data_dir: one JSON line per sample (8 prompts x n=8) per step, with its score.
+    dumped = [json.loads(line) for line in (tmp_path / "rollouts" / "2.jsonl").read_text().splitlines()]
+    assert len(dumped) == 64 and {"input", "output", "score", "step"} <= set(dumped[0])
 
 
 def _wait_for_checkpoint(process: subprocess.Popen, ckpt_dir: Path, step: int, timeout_s: int = 600) -> None:
