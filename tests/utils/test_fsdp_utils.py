@@ -85,6 +85,20 @@ def test_strategy_is_checked_with_the_key_named():
         check_strategy("megatron", "critic.strategy")
 
 
+def test_contradictory_fsdp_options_name_the_key():
+    """Invariant: offload_policy (FSDP2's CPUOffloadPolicy) under strategy=fsdp is refused with the full key and the
+    fix; FSDP2 accepts it. An fsdp_size that does not divide the ranks is refused naming fsdp_config.fsdp_size
+    (before any process group is touched)."""
+    from verl.workers.config import FSDPEngineConfig
+
+    config = FSDPEngineConfig(offload_policy=True)
+    with pytest.raises(ValueError, match=r"critic\.model\.fsdp_config\.offload_policy=True is FSDP2-only"):
+        get_fsdp_adapter("fsdp").check_options(config, "critic.model.fsdp_config")
+    get_fsdp_adapter("fsdp2").check_options(config, "critic.model.fsdp_config")
+    with pytest.raises(ValueError, match=r"fsdp_config\.fsdp_size=3 must divide the world size 4"):
+        fsdp_utils.create_device_mesh(4, 3)
+
+
 def test_mixed_precision_defaults_follow_upstream():
     """Invariant: no mixed_precision block means bf16 params with fp32 reduce and buffers (upstream defaults)."""
     assert mixed_precision_dtypes(None) == {

@@ -32,6 +32,7 @@ import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -233,6 +234,33 @@ def mixed_precision_dtypes(
 
 
 # --------------------------------------------------------------------------------------------------------------
+# what a wrapped module actually does (read back from the wrapper, for logs and tests)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FSDPLayout:
+    """How a wrapped model is sharded, read back from the FSDP wrapper (not from the config that asked for it).
+
+    ``replicas`` x ``shard_size`` = ranks: a parameter is split over ``shard_size`` ranks and that group is
+    replicated ``replicas`` times (HSDP; ``shard_size=1`` is pure replication). ``storage_dtype``: dtype of the
+    sharded (master) parameters, i.e. ``fsdp_config.model_dtype``; ``param_dtype`` / ``reduce_dtype``: compute
+    and gradient-reduction dtypes of the mixed-precision policy. ``num_units``: FSDP units (layers + root).
+    """
+
+    strategy: str
+    replicas: int
+    shard_size: int
+    num_units: int
+    storage_dtype: torch.dtype
+    param_dtype: torch.dtype
+    reduce_dtype: torch.dtype
+    cpu_offload: bool
+    reshard_after_forward: bool
+    forward_prefetch: bool
+
+
+# --------------------------------------------------------------------------------------------------------------
 # the adapter
 # --------------------------------------------------------------------------------------------------------------
 
@@ -260,6 +288,14 @@ class FSDPAdapter(ABC):
         use_orig_params: bool = False,
     ) -> nn.Module:
         """Shard ``module`` over ``mesh``; ``offload_params`` keeps parameters on the CPU between uses."""
+
+    @abstractmethod
+    def describe(self, module: nn.Module) -> FSDPLayout:
+        """What the wrapper of ``module`` does (mesh, dtypes, offload, resharding, prefetch)."""
+
+    @abstractmethod
+    def check_options(self, fsdp_config: Any, key_prefix: str) -> None:
+        """Raise a ValueError naming the key when ``fsdp_config`` asks for what this strategy cannot do."""
 
     @abstractmethod
     def grad_sync(self, module: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
@@ -292,6 +328,23 @@ class FSDPAdapter(ABC):
         """Move the sharded parameters (and their gradients) back to ``device``."""
 
 
+def _fsdp1_sharding(mesh: DeviceMesh, reshard_after_forward: bool) -> tuple[Any, DeviceMesh]:
+    """FSDP1 sharding strategy (and the mesh to pass) for a 1-D ``("fsdp",)`` or HSDP ``("ddp", "fsdp")`` mesh.
+
+    HSDP with shard groups of one rank (``fsdp_size=1``) is pure replication. FSDP1's ``HYBRID_SHARD`` would
+    silently fall back to ``NO_SHARD`` *within the one-rank shard group* and never reduce gradients across the
+    replicas (every rank trains its own copy); ``NO_SHARD`` over the replica dimension all-reduces them.
+    """
+    from torch.distributed.fsdp import ShardingStrategy
+
+    if mesh.ndim == 2 and mesh.shape[1] == 1:
+        return ShardingStrategy.NO_SHARD, mesh[mesh.mesh_dim_names[0]]
+    hybrid = mesh.ndim == 2
+    if reshard_after_forward:
+        return (ShardingStrategy.HYBRID_SHARD if hybrid else ShardingStrategy.FULL_SHARD), mesh
+    return (ShardingStrategy._HYBRID_SHARD_ZERO2 if hybrid else ShardingStrategy.SHARD_GRAD_OP), mesh
+
+
 class FSDP1Adapter(FSDPAdapter):
     strategy = "fsdp"
 
@@ -312,18 +365,14 @@ class FSDP1Adapter(FSDPAdapter):
         forward_prefetch=False,
         use_orig_params=False,
     ):
-        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel
 
         on_cpu = get_device_name() == "cpu"
         if offload_params and on_cpu:
             # FSDP1 CPUOffload pins memory, which needs an accelerator (cpu_environment.md §3b); on the CPU the
             # parameters already live in host memory, so the request is satisfied without it.
             offload_params = False
-        hybrid = mesh.ndim == 2
-        if reshard_after_forward:
-            sharding = ShardingStrategy.HYBRID_SHARD if hybrid else ShardingStrategy.FULL_SHARD
-        else:
-            sharding = ShardingStrategy._HYBRID_SHARD_ZERO2 if hybrid else ShardingStrategy.SHARD_GRAD_OP
+        sharding, mesh = _fsdp1_sharding(mesh, reshard_after_forward)
         return FullyShardedDataParallel(
             module,
             auto_wrap_policy=get_fsdp_wrap_policy(module, wrap_policy),
@@ -337,6 +386,39 @@ class FSDP1Adapter(FSDPAdapter):
             forward_prefetch=forward_prefetch,
             cpu_offload=CPUOffload(offload_params=True) if offload_params else None,
         )
+
+    def describe(self, module):
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+        units = FullyShardedDataParallel.fsdp_modules(module)
+        mesh = getattr(module, "_device_mesh", None)
+        shape = tuple(mesh.shape) if mesh is not None else (dist.get_world_size(),)
+        if module.sharding_strategy == ShardingStrategy.NO_SHARD:
+            replicas, shard_size = shape[0], 1
+        else:
+            replicas, shard_size = shape if len(shape) == 2 else (1, shape[0])
+        mp = module.mixed_precision
+        flat = next(p for p in module.parameters())
+        return FSDPLayout(
+            strategy=self.strategy,
+            replicas=replicas,
+            shard_size=shard_size,
+            num_units=len(units),
+            storage_dtype=flat.dtype,
+            param_dtype=mp.param_dtype or flat.dtype,
+            reduce_dtype=mp.reduce_dtype or mp.param_dtype or flat.dtype,
+            cpu_offload=bool(module.cpu_offload.offload_params),
+            reshard_after_forward=module.sharding_strategy
+            in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD),
+            forward_prefetch=all(unit.forward_prefetch for unit in units),
+        )
+
+    def check_options(self, fsdp_config, key_prefix):
+        if fsdp_config.offload_policy:
+            raise ValueError(
+                f"{key_prefix}.offload_policy=True is FSDP2-only (CPUOffloadPolicy); with strategy=fsdp use "
+                f"{key_prefix}.param_offload / optimizer_offload, or set the role's strategy to fsdp2"
+            )
 
     def grad_sync(self, module, enabled):
         return contextlib.nullcontext() if enabled else module.no_sync()
@@ -414,6 +496,34 @@ class FSDP2Adapter(FSDPAdapter):
             for current, nxt in zip(layers, layers[1:]):
                 current.set_modules_to_forward_prefetch([nxt])
         return module
+
+    def describe(self, module):
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+
+        states = [m._get_fsdp_state() for m in module.modules() if isinstance(m, FSDPModule)]
+        groups = [s._fsdp_param_group for s in states if s._fsdp_param_group is not None]
+        layer_groups = [s._fsdp_param_group for s in states[1:] if s._fsdp_param_group is not None]
+        param = next(p for p in module.parameters())
+        mp = groups[0].mp_policy
+        shape = tuple(param.device_mesh.shape)
+        replicas, shard_size = shape if len(shape) == 2 else (1, shape[0])
+        return FSDPLayout(
+            strategy=self.strategy,
+            replicas=replicas,
+            shard_size=shard_size,
+            num_units=len(states),
+            storage_dtype=param.dtype,
+            param_dtype=mp.param_dtype or param.dtype,
+            reduce_dtype=mp.reduce_dtype or mp.param_dtype or param.dtype,
+            cpu_offload=all(isinstance(g.offload_policy, CPUOffloadPolicy) for g in groups),
+            # FSDP2 never reshards the root after forward (its parameters are needed first in backward); the
+            # layers (modules() lists the root first) carry the setting
+            reshard_after_forward=all(g.post_forward_mesh_info is not None for g in layer_groups or groups),
+            forward_prefetch=any(s._states_to_forward_prefetch for s in states),
+        )
+
+    def check_options(self, fsdp_config, key_prefix):
+        return None  # every fsdp_config key has an FSDP2 meaning
 
     def grad_sync(self, module, enabled):
         return _fsdp2_grad_sync(module, enabled)

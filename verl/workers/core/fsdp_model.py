@@ -102,6 +102,7 @@ def build_fsdp_model(
         value_head: build a value model (see ``verl.utils.model.attach_value_head``).
     """
     adapter = get_fsdp_adapter(strategy, f"{role}.strategy")
+    adapter.check_options(fsdp_config, f"{role}.model.fsdp_config" if value_head else f"{role}.fsdp_config")
     model, hf_config = _load_hf_model(model_config, fsdp_config, value_head)
     apply_patches(model, platform=get_device_name(), report=_rank() == 0)
     if _rank() == 0:
