@@ -63,20 +63,13 @@ def _npu_params(module) -> set[str]:
     return {p.device.type for p in module.parameters()}
 
 
-_NO_STREAMS = pytest.mark.xfail(
-    strict=True,
-    reason="FSDP1's post-backward calls Tensor.record_stream, which the simulated npu backend does not implement "
-    "('unknown parameter type'); a simulator limit, not a device mix",
-)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("strategy", ["fsdp2", pytest.param("fsdp", marks=_NO_STREAMS)])
+@pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
 def test_offloaded_actor_phases_and_checkpoint_on_simulated_npu(tmp_path, strategy):
     """Invariants on the simulated NPU with param+optimizer offload: between phases parameters and AdamW state
     are on the CPU; generate, log-prob, update, save (with HF export) and load each run with every tensor on the

@@ -73,6 +73,25 @@ def test_memory_statistics_follow_live_tensors(npu_sim):
     assert mod.memory_allocated() == before
 
 
+def test_streams_are_torch_streams_and_record_stream_is_a_no_op(npu_sim):
+    """torch.npu.Stream() is a torch.Stream on npu:0 (the device's single in-order stream), so Tensor.record_stream
+    accepts it as FSDP1 calls it after every reduce-scatter. It defers nothing: every kernel has finished when it
+    returns and freed memory goes straight back to the host, so a recorded tensor's bytes are released at `del`
+    (4000 bytes for 1000 fp32). A CPU tensor is refused, as stock torch refuses it."""
+    mod = get_torch_device()
+    stream = mod.Stream()
+    assert isinstance(stream, torch.Stream) and stream.device == torch.device("npu", 0)
+    assert stream == mod.current_stream() == mod.default_stream()
+    before = mod.memory_allocated()
+    t = torch.arange(1000.0, device="npu")
+    t.record_stream(stream)
+    assert torch.equal(t.cpu(), torch.arange(1000.0)) and mod.memory_allocated() - before == 4000
+    del t
+    assert mod.memory_allocated() == before
+    with pytest.raises(NotImplementedError, match="record_stream"):
+        torch.ones(2).record_stream(stream)
+
+
 def _make_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))

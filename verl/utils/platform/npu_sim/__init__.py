@@ -18,6 +18,10 @@ Properties tests rely on:
 * collectives: backend ``hccl`` (:mod:`.hccl`, gloo underneath) takes npu tensors only and only contiguous ones;
   FSDP2 over several processes works (``install(device_count=n)``; ``torch.npu.set_device(rank)``).
 
+* streams: one in-order stream per device; ``torch.npu.Stream()`` is a ``torch.Stream`` on it, and
+  ``Tensor.record_stream`` is accepted and does nothing — exact here, since nothing is ever queued and freed memory
+  is returned to the host at once (no caching allocator could hand a block to another stream early). FSDP1 calls it.
+
 Not simulated: asynchronous execution (every op completes before returning), autocast (a no-op on ``npu``),
 dtype coverage of the real kernels (an op runs if its CPU kernel supports the dtype; ``histc`` on integers is
 special-cased because HF's MoE relies on it), fp64 restrictions, HCCL topology. Usage::

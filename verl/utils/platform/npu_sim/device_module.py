@@ -23,6 +23,11 @@ def _ops() -> Any:
     return torch.ops.npu_sim
 
 
+def _npu_device_type() -> int:
+    # c10::DeviceType of the backend named "npu" (PrivateUse1), as the integer torch.Stream's constructor takes.
+    return torch.Stream(device=torch.device("npu", current_device())).device_type
+
+
 def _index(device: Any = None) -> int:
     if device is None:
         return current_device()
@@ -202,9 +207,17 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 # ---- streams and events (one in-order stream: every call completes synchronously) -------------------------------------
 
 
-class Stream:
+class Stream(torch.Stream):
+    """A ``torch.Stream`` on ``npu:<i>`` (as torch_npu's streams are), so ``Tensor.record_stream`` accepts it.
+
+    The simulated device has one in-order stream per device, the default one; every ``Stream()`` is that stream.
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0) -> Stream:
+        return super().__new__(cls, stream_id=0, device_index=_index(device), device_type=_npu_device_type())
+
     def __init__(self, device: Any = None, priority: int = 0):
-        self.device = torch.device("npu", _index(device))
+        super().__init__()
 
     def synchronize(self) -> None:
         return None

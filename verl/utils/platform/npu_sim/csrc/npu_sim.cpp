@@ -70,6 +70,11 @@ struct SimGuard final : c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
   c10::Stream getDefaultStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  // One in-order stream per device (every kernel completes before it returns): "new" streams are that stream.
+  c10::Stream getNewStream(c10::Device d, int) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
   c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
   c10::DeviceIndex deviceCount() const noexcept override { return static_cast<c10::DeviceIndex>(g_device_count.load()); }
   bool queryStream(const c10::Stream&) const override { return true; }
@@ -341,6 +346,14 @@ at::Tensor sim_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min
   return counts.to(self.scalar_type()).to(self.device());
 }
 
+// ---- streams ------------------------------------------------------------------------------------------------------
+//
+// record_stream(t, s) tells a caching allocator not to hand t's block to another stream until the work queued on s
+// so far has finished. Here every kernel has finished when it returns (there is no queued work) and freed memory goes
+// straight back to the host allocator (there is no cache to reuse it from), so there is nothing to record: a no-op is
+// the exact semantics, not an approximation. (torch_npu's allocator does not check the stream's device either.)
+void sim_record_stream(at::Tensor& self, c10::Stream stream) {}
+
 void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_same_device(op, stack);
   use_device_generator(op, stack);
@@ -421,6 +434,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", &sim_convolution);
   m.impl("histc", &sim_histc);
   m.impl("convolution_backward_overrideable", &sim_convolution_backward);
+  m.impl("record_stream", &sim_record_stream);
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
