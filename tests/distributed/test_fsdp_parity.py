@@ -11,15 +11,11 @@ an update skipped on one rank (all >= 1e-3).
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-from tensordict import TensorDict
 
-from verl.models.tiny import save_tiny_checkpoint
 from verl.protocol import DataProto
 from verl.utils.testing.dist import run_on_ranks
-from verl.utils.tokenizer import build_offline_tokenizer
 
-STEPS, ROWS, PROMPT_LEN, RESPONSE_LEN, LR, TEMPERATURE = 3, 8, 6, 6, 1e-3, 1.0
+STEPS = 3
 _FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 _BF16 = {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
@@ -39,69 +35,9 @@ VARIANTS = {
 }
 
 
-def _model_dir(root) -> str:
-    tokenizer = build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300)
-    return save_tiny_checkpoint("qwen3_5_moe", tokenizer, str(root / "tiny_qwen3_5_moe"), seed=0)
-
-
-def _batch(step: int, vocab: int) -> DataProto:
-    """8 rollouts of 6 prompt + 6 response tokens, rows with different left/right padding.
-
-    old/ref log-probs sit near log(1/V) = the log-prob of a random-init model, so the PPO ratio stays inside the clip
-    range and every valid token contributes a gradient; advantages ~ N(1, 0.5^2), so the pg_loss (about -1) is not
-    a cancellation of positive and negative terms that a relative tolerance could not judge.
-    """
-    g = torch.Generator().manual_seed(1000 + step)
-    seqlen = PROMPT_LEN + RESPONSE_LEN
-    attention_mask = torch.ones(ROWS, seqlen, dtype=torch.long)
-    for i in range(ROWS):
-        attention_mask[i, : i % 3] = 0
-        if i % 4:
-            attention_mask[i, seqlen - i % 4 :] = 0
-    input_ids = torch.randint(1, vocab, (ROWS, seqlen), generator=g).masked_fill(attention_mask == 0, 0)
-    response_mask = attention_mask[:, PROMPT_LEN:].clone()
-    near_uniform = -torch.log(torch.tensor(float(vocab)))
-    td = TensorDict(
-        {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-            "prompts": input_ids[:, :PROMPT_LEN],
-            "responses": input_ids[:, PROMPT_LEN:],
-            "response_mask": response_mask,
-            "advantages": (1.0 + 0.5 * torch.randn(ROWS, RESPONSE_LEN, generator=g)) * response_mask,
-            "old_log_probs": (near_uniform + 0.05 * torch.randn(ROWS, RESPONSE_LEN, generator=g)) * response_mask,
-            "ref_log_prob": (near_uniform + 0.05 * torch.randn(ROWS, RESPONSE_LEN, generator=g)) * response_mask,
-        },
-        batch_size=[ROWS],
-    )
-    return DataProto(batch=td, meta_info={"temperature": TEMPERATURE})
-
-
-def _actor_keys() -> dict:
-    """The actor keys shared by the worker config and the single-process reference (8 responses per mini-batch,
-    2 per micro-batch, KL loss on, AdamW lr 1e-3, grad clip 1)."""
-    return dict(
-        ppo_mini_batch_size=ROWS, rollout_n=1, ppo_micro_batch_size_per_gpu=2, use_kl_loss=True, kl_loss_coef=0.1,
-        use_torch_compile=False, grad_clip=1.0,
-    )  # fmt: skip
-
-
-def _worker_config(model_dir: str, strategy: str, fsdp_overrides: dict):
-    fsdp = {"mixed_precision": _FP32, **fsdp_overrides}
-    return OmegaConf.create(
-        {
-            "model": {"path": model_dir, "enable_gradient_checkpointing": False},
-            "actor": {"strategy": strategy, "optim": {"lr": LR}, "fsdp_config": fsdp, **_actor_keys()},
-            "rollout": {"name": "hf", "log_prob_micro_batch_size_per_gpu": 2},
-            "ref": {"strategy": strategy},
-        }
-    )
-
-
-def _run_variants(model_dir: str, batches: list[DataProto]) -> dict:
+def _run_variants(configs: dict, batches: list[DataProto]) -> dict:
     """On each rank: for every variant, a fresh actor worker, 3 update_actor calls on this rank's 4 rows; returns the
-    per-step pg_loss / grad_norm and the wrapper's layout (what FSDP actually does) per variant."""
+    per-step (pg_loss, grad_norm) and the wrapper's layout (what FSDP actually does) per variant."""
     import torch.distributed as dist
 
     from verl.utils.fsdp_utils import adapter_for
@@ -109,8 +45,8 @@ def _run_variants(model_dir: str, batches: list[DataProto]) -> dict:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
-    for name, (strategy, overrides) in VARIANTS.items():
-        worker = ActorRolloutRefWorker(_worker_config(model_dir, strategy, overrides), role="actor")
+    for name, config in configs.items():
+        worker = ActorRolloutRefWorker(config, role="actor")
         worker.init_model()
         steps = []
         for batch in batches:
@@ -118,54 +54,19 @@ def _run_variants(model_dir: str, batches: list[DataProto]) -> dict:
             steps.append((metrics["actor/pg_loss"][0], metrics["actor/grad_norm"][0]))
         module = worker.actor_module_fsdp
         results[name] = {"steps": steps, "layout": adapter_for(module).describe(module)}
-        del worker
     return results
 
 
-def _reference(model_dir: str, batches: list[DataProto]) -> list[tuple[float, float]]:
-    """One process, no FSDP: the HF model + platform patches, the core's AdamW, DataParallelPPOActor on all 8 rows."""
-    from transformers import AutoModelForCausalLM
-
-    from verl.models.transformers.patch_registry import apply_patches
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-    from verl.workers.config import FSDPActorConfig, FSDPOptimizerConfig
-    from verl.workers.core.optimizer_step import build_optimizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    apply_patches(model, platform="cpu", report=False)
-    optim_config = FSDPOptimizerConfig(lr=LR)
-    actor = DataParallelPPOActor(
-        FSDPActorConfig(strategy="fsdp2", optim=optim_config, **_actor_keys()), model,
-        build_optimizer(model.parameters(), optim_config),
-    )  # fmt: skip
-    steps = []
-    for batch in batches:
-        metrics = actor.update_policy(batch)
-        steps.append((metrics["actor/pg_loss"][0], metrics["actor/grad_norm"][0]))
-    return steps
-
-
-def _mean_over_ranks(per_rank: list[dict], name: str) -> list[tuple[float, float]]:
-    """pg_loss is a per-rank partial sum normalised by the GLOBAL token count times dp (core.micro_batching), so
-    the mini-batch loss is the mean over ranks; the grad norm is already global (identical on both ranks)."""
-    steps = list(zip(*(r[name]["steps"] for r in per_rank)))
-    out = []
-    for step in steps:
-        losses, norms = zip(*step)
-        assert norms[0] == norms[1], f"{name}: ranks disagree on the grad norm {norms}"
-        out.append((sum(losses) / len(losses), norms[0]))
-    return out
-
-
 @pytest.fixture(scope="module")
-def parity_runs(tmp_path_factory):
-    model_dir = _model_dir(tmp_path_factory.mktemp("parity"))
-    from transformers import AutoConfig
-
-    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    batches = [_batch(step, vocab) for step in range(STEPS)]
-    per_rank = run_on_ranks(_run_variants, 2, args=(model_dir, batches), timeout_s=600)
-    return _reference(model_dir, batches), {name: _mean_over_ranks(per_rank, name) for name in VARIANTS}, per_rank
+def parity_runs(ppo_setup):
+    """(reference steps, {variant: per-step (loss, grad norm) over both ranks}, per-rank raw results)."""
+    batches = ppo_setup.batches(STEPS)
+    configs = {name: ppo_setup.worker_config(strategy, keys) for name, (strategy, keys) in VARIANTS.items()}
+    per_rank = run_on_ranks(_run_variants, 2, args=(configs, batches), timeout_s=600)
+    _, _, actor = ppo_setup.reference_actor()
+    reference = [ppo_setup.update(actor, batch) for batch in batches]
+    runs = {name: ppo_setup.mean_over_ranks([r[name]["steps"] for r in per_rank]) for name in VARIANTS}
+    return reference, runs, per_rank
 
 
 FP32_VARIANTS = [name for name in VARIANTS if "bf16" not in name]

@@ -1,5 +1,6 @@
 """FSDPCheckpointManager: exact resume, atomic writes, retention, HF export (verl/utils/checkpoint)."""
 
+import json
 import os
 import socket
 from types import SimpleNamespace
@@ -7,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -90,19 +92,19 @@ def test_crash_mid_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatch)
         for p in model.parameters():
             p.add_(1.0)
 
-    real_save = torch.save
+    real_save = dcp.save
 
-    def dying_save(obj, path, *args, **kwargs):
-        if "optim_world_size" in str(path):
+    def dying_save(state, *args, checkpoint_id, **kwargs):
+        if "optim_dcp" in str(checkpoint_id):  # the model shards are already written by then
             raise OSError("disk full (simulated)")
-        return real_save(obj, path, *args, **kwargs)
+        return real_save(state, *args, checkpoint_id=checkpoint_id, **kwargs)
 
-    monkeypatch.setattr(torch, "save", dying_save)
+    monkeypatch.setattr(dcp, "save", dying_save)
     second = str(tmp_path / "global_step_2" / "actor")
     for target in (second, first):
         with pytest.raises(OSError, match="simulated"):
             manager.save_checkpoint(target)
-    monkeypatch.setattr(torch, "save", real_save)
+    monkeypatch.setattr(dcp, "save", real_save)
 
     assert not os.path.exists(second) and os.path.isdir(second + ".tmp")
     fresh, fresh_optim, fresh_sched = _make(seed=7)
@@ -125,7 +127,7 @@ def test_max_ckpt_to_keep_drops_the_oldest(tmp_path):
 
 
 def test_load_errors_name_the_problem(tmp_path):
-    """Invariant: a missing directory or optimizer file raises an error naming the path / the config key."""
+    """Invariant: a missing directory or optimizer state raises an error naming the path / the config key."""
     model, optim, sched = _make(0)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         FSDPCheckpointManager(model, optim, checkpoint_config=_config()).load_checkpoint(str(tmp_path / "nope"))
@@ -134,6 +136,34 @@ def test_load_errors_name_the_problem(tmp_path):
     )
     with pytest.raises(FileNotFoundError, match="load_contents"):
         FSDPCheckpointManager(model, optim, checkpoint_config=_config()).load_checkpoint(str(tmp_path / "m"))
+
+
+def _write_per_rank_checkpoint(path, model, optim, world_size: int) -> None:
+    """A checkpoint in upstream's per-rank layout (one torch.save file per rank and kind) written by hand."""
+    os.makedirs(path)
+    torch.save(model.state_dict(), os.path.join(path, f"model_world_size_{world_size}_rank_0.pt"))
+    torch.save(optim.state_dict(), os.path.join(path, f"optim_world_size_{world_size}_rank_0.pt"))
+    rng = FSDPCheckpointManager.get_rng_state()
+    torch.save({"lr_scheduler": None, "rng": rng}, os.path.join(path, f"extra_state_world_size_{world_size}_rank_0.pt"))
+    with open(os.path.join(path, "fsdp_config.json"), "w") as f:
+        json.dump({"FSDP_version": 0, "world_size": world_size}, f)
+
+
+def test_per_rank_layout_loads_at_its_world_size_only(tmp_path):
+    """Invariant: a checkpoint in the per-rank layout (upstream's model/optim_world_size_W_rank_r.pt) restores the
+    model exactly at its own world size; saved by 2 ranks and loaded by 1 it raises a RuntimeError saying why
+    (per-rank files cannot be resharded) and what to do."""
+    ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(1))
+    model, optim, sched = _make(0)
+    _step(model, optim, sched, ids)
+    _write_per_rank_checkpoint(str(tmp_path / "ws1"), model, optim, world_size=1)
+    fresh, fresh_optim, _ = _make(seed=9)
+    FSDPCheckpointManager(fresh, fresh_optim, checkpoint_config=_config()).load_checkpoint(str(tmp_path / "ws1"))
+    for key, value in _params(model).items():
+        assert torch.equal(_params(fresh)[key], value), key
+    _write_per_rank_checkpoint(str(tmp_path / "ws2"), model, optim, world_size=2)
+    with pytest.raises(RuntimeError, match="cannot be resharded to this run's 1 ranks"):
+        FSDPCheckpointManager(fresh, fresh_optim, checkpoint_config=_config()).load_checkpoint(str(tmp_path / "ws2"))
 
 
 def test_find_latest_ckpt_path(tmp_path):

@@ -1,15 +1,20 @@
-"""FSDP (FSDP1 and FSDP2) checkpoints: sharded model + optimizer + extra state per rank, and an HF export.
+"""FSDP (FSDP1 and FSDP2) checkpoints: sharded model + optimizer (DCP) + extra state per rank, and an HF export.
 
-Layout of one checkpoint directory (upstream names)::
+Layout of one checkpoint directory::
 
     <local_path>/
-        model_world_size_{W}_rank_{r}.pt        # sharded model state (DCP state-dict API, both strategies)
-        optim_world_size_{W}_rank_{r}.pt        # sharded optimizer state
-        extra_state_world_size_{W}_rank_{r}.pt  # lr scheduler + RNG states
-        fsdp_config.json                        # {"FSDP_version": 1|2, "world_size": W}
+        model_dcp/                              # sharded model state: torch.distributed.checkpoint (DCP)
+        optim_dcp/                              # sharded optimizer state (DCP), with "optimizer" in save_contents
+        extra_state_world_size_{W}_rank_{r}.pt  # lr scheduler + RNG states (upstream name)
+        fsdp_config.json                        # {"FSDP_version": 1|2, "world_size": W, "format": "dcp"}
         huggingface/                            # config, generation config, tokenizer; with save_contents
                                                 # containing "hf_model" also the full weights
                                                 # (loadable with AutoModelForCausalLM.from_pretrained)
+
+DCP stores every shard with its global offsets, so a checkpoint resumes at any world size and under either
+strategy (save at 2 ranks, resume at 1: DCP reshards), and ``hf_export.export_hf_from_checkpoint`` turns it into an
+HF model offline. Directories in upstream's per-rank layout (``model_world_size_{W}_rank_{r}.pt``,
+``optim_world_size_{W}_rank_{r}.pt``) still load, at their own world size only.
 
 The whole directory is written as ``<local_path>.tmp`` and renamed when complete (``atomic_commit``).
 Every tensor handed to ``state_dict`` must be on one device: callers that offload parameters or optimizer
@@ -18,17 +23,24 @@ state load them back first (field-report item 10; the workers do it around every
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, atomic_commit, prepare_tmp_dir
+from verl.utils.checkpoint.hf_export import DCP_MODEL_DIR, DCP_OPTIM_DIR, save_hf_model, unwrap_hf_model
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import adapter_for, fsdp_version
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["FSDPCheckpointManager", "unwrap_hf_model", "save_hf_model"]
 
@@ -41,42 +53,21 @@ def _state_dict_options(full: bool):
     return StateDictOptions(full_state_dict=full, cpu_offload=get_device_name() != "cpu")
 
 
-def unwrap_hf_model(model: nn.Module) -> nn.Module:
-    """The HF model inside an FSDP1 wrapper (FSDP2 and plain models are returned as they are)."""
-    while isinstance(getattr(model, "_fsdp_wrapped_module", None), nn.Module):
-        model = model._fsdp_wrapped_module
-    return model
-
-
-def _hf_class(model: nn.Module) -> type:
-    """The HF class of ``model`` (FSDP2 swaps the class for a dynamic ``FSDP<Name>`` subclass)."""
-    from torch.distributed.fsdp import FSDPModule
-    from transformers import PreTrainedModel
-
-    for cls in type(model).__mro__:
-        if issubclass(cls, PreTrainedModel) and not issubclass(cls, FSDPModule):
-            return cls
-    raise TypeError(f"{type(model).__name__} is not a transformers PreTrainedModel; cannot export it to HF format")
-
-
-def save_hf_model(model: nn.Module, full_state_dict: dict[str, torch.Tensor], hf_dir: str) -> None:
-    """Write ``full_state_dict`` as an HF model directory for the (unwrapped) model's class and config.
-
-    A meta-device twin of the class does the writing, so tied weights, shard names and ``architectures``
-    are exactly what ``from_pretrained`` expects.
-    """
-    inner = unwrap_hf_model(model)
-    cls = _hf_class(inner)
-    with torch.device("meta"):
-        twin = cls._from_config(inner.config)
-    twin.save_pretrained(hf_dir, state_dict=full_state_dict, safe_serialization=True)
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # the DCP state-dict API warns (FutureWarning) about FSDP1 internals on every call, and DCP about running
+    # without a process group, which is what one process (or the offline export) means
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 class FSDPCheckpointManager(BaseCheckpointManager):
     """Save/load an FSDP1 or FSDP2 model with its optimizer, lr scheduler and RNG states (upstream name).
 
     Args:
-        model: the wrapped model (``fsdp_version(model)`` 1 or 2; a plain module works for world size 1).
+        model: the wrapped model (``fsdp_version(model)`` 1 or 2), or a plain module (one process).
         optimizer, lr_scheduler: optional; saved/loaded when given and listed in the contents.
         processing_class: tokenizer/processor written to ``huggingface/``.
         checkpoint_config: has ``save_contents``/``load_contents`` (``model``, ``optimizer``, ``extra``,
@@ -94,12 +85,10 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     ):
         super().__init__(model, optimizer, lr_scheduler, processing_class, checkpoint_config)
 
-    # ---------------------------------------------------------------------------------------------------------
-    # file names
-    # ---------------------------------------------------------------------------------------------------------
-
-    def _file(self, root: str, kind: str) -> str:
-        return os.path.join(root, f"{kind}_world_size_{self.world_size}_rank_{self.rank}.pt")
+    def _file(self, root: str, kind: str, world_size: int | None = None, rank: int | None = None) -> str:
+        world_size = self.world_size if world_size is None else world_size
+        rank = self.rank if rank is None else rank
+        return os.path.join(root, f"{kind}_world_size_{world_size}_rank_{rank}.pt")
 
     # ---------------------------------------------------------------------------------------------------------
     # save
@@ -126,15 +115,13 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     def _save_states(self, root: str) -> None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
+        with _quiet():
             if self.should_save_model:
-                torch.save(
-                    get_model_state_dict(self.model, options=_state_dict_options(False)), self._file(root, "model")
-                )
+                state = get_model_state_dict(self.model, options=_state_dict_options(False))
+                _dcp_save(state, os.path.join(root, DCP_MODEL_DIR))
             if self.should_save_optimizer and self.optimizer is not None:
-                optim = get_optimizer_state_dict(self.model, self.optimizer, options=_state_dict_options(False))
-                torch.save(optim, self._file(root, "optim"))
+                state = get_optimizer_state_dict(self.model, self.optimizer, options=_state_dict_options(False))
+                _dcp_save(state, os.path.join(root, DCP_OPTIM_DIR))
         if self.should_save_extra:
             extra = {
                 "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
@@ -145,8 +132,9 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     def _save_hf_config(self, root: str) -> None:
         hf_dir = self.local_mkdir(os.path.join(root, "huggingface"))
         inner = unwrap_hf_model(self.model)
+        meta = {"FSDP_version": fsdp_version(self.model), "world_size": self.world_size, "format": "dcp"}
         with open(os.path.join(root, "fsdp_config.json"), "w") as f:
-            json.dump({"FSDP_version": fsdp_version(self.model), "world_size": self.world_size}, f)
+            json.dump(meta, f)
         config = getattr(inner, "config", None)
         if config is not None:
             config.save_pretrained(hf_dir)
@@ -167,53 +155,96 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     # ---------------------------------------------------------------------------------------------------------
 
     def load_checkpoint(self, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False):
-        """Load what ``checkpoint.load_contents`` lists from ``local_path`` (None: nothing). Collective."""
+        """Load what ``checkpoint.load_contents`` lists from ``local_path`` (None: nothing). Collective.
+
+        A DCP checkpoint loads at any world size; one in the per-rank layout only at its own world size.
+        """
         if local_path is None:
             return
         if not os.path.isdir(local_path):
             raise FileNotFoundError(f"checkpoint directory {local_path} does not exist")
-        self._check_layout(local_path)
+        saved_world = self._saved_world_size(local_path)
         if self.should_load_model:
-            self._load_model(local_path)
+            self._load_model(local_path, saved_world)
         if self.should_load_optimizer and self.optimizer is not None:
-            self._load_optimizer(local_path)
+            self._load_optimizer(local_path, saved_world)
         if self.should_load_extra:
-            extra = torch.load(self._file(local_path, "extra_state"), weights_only=False)
-            if self.lr_scheduler is not None and extra["lr_scheduler"] is not None:
-                self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-            self.load_rng_state(extra["rng"])
+            self._load_extra(local_path, saved_world)
 
-    def _check_layout(self, local_path: str) -> None:
+    @staticmethod
+    def _saved_world_size(local_path: str) -> int:
         meta_file = os.path.join(local_path, "fsdp_config.json")
         if not os.path.exists(meta_file):
             raise FileNotFoundError(f"{meta_file} is missing: {local_path} is not a complete FSDP checkpoint")
         with open(meta_file) as f:
-            saved_world = json.load(f)["world_size"]
+            return int(json.load(f)["world_size"])
+
+    def _require_same_world(self, local_path: str, saved_world: int) -> None:
         if saved_world != self.world_size:
             raise RuntimeError(
-                f"{local_path} was saved with world size {saved_world} but this run has {self.world_size} ranks; "
-                "resume with the same trainer.nnodes x trainer.n_gpus_per_node, or load the HF export in "
-                "huggingface/ as actor_rollout_ref.model.path"
+                f"{local_path} holds per-rank shard files (model_world_size_{saved_world}_rank_*.pt) of a "
+                f"{saved_world}-rank run; such files cannot be resharded to this run's {self.world_size} ranks. "
+                "Resume with the same trainer.nnodes x trainer.n_gpus_per_node, or save once more at that size "
+                "(this version writes DCP checkpoints, which load at any world size)"
             )
 
-    def _load_model(self, local_path: str) -> None:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    def _load_model(self, local_path: str, saved_world: int) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-        state = torch.load(self._file(local_path, "model"), weights_only=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
+        with _quiet():
+            if os.path.isdir(os.path.join(local_path, DCP_MODEL_DIR)):
+                state = get_model_state_dict(self.model, options=_state_dict_options(False))
+                _dcp_load(state, os.path.join(local_path, DCP_MODEL_DIR))
+            else:
+                self._require_same_world(local_path, saved_world)
+                state = torch.load(self._file(local_path, "model"), weights_only=False)
             set_model_state_dict(self.model, state, options=_state_dict_options(False))
 
-    def _load_optimizer(self, local_path: str) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    def _load_optimizer(self, local_path: str, saved_world: int) -> None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-        path = self._file(local_path, "optim")
-        if not os.path.exists(path):
+        dcp_dir, legacy = os.path.join(local_path, DCP_OPTIM_DIR), self._file(local_path, "optim", saved_world)
+        if not os.path.isdir(dcp_dir) and not os.path.exists(legacy):
             raise FileNotFoundError(
-                f"{path} is missing; the checkpoint was saved without 'optimizer' in checkpoint.save_contents. "
-                "Remove 'optimizer' from checkpoint.load_contents to resume the model only"
+                f"{local_path} has no optimizer state; the checkpoint was saved without 'optimizer' in "
+                "checkpoint.save_contents. Remove 'optimizer' from checkpoint.load_contents to resume the model only"
             )
-        state = torch.load(path, weights_only=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
+        with _quiet():
+            if os.path.isdir(dcp_dir):
+                # a fresh optimizer has no state yet: this creates it (zero-filled) with the shapes DCP loads into
+                state = get_optimizer_state_dict(self.model, self.optimizer, options=_state_dict_options(False))
+                _dcp_load(state, dcp_dir)
+            else:
+                self._require_same_world(local_path, saved_world)
+                state = torch.load(legacy, weights_only=False)
             set_optimizer_state_dict(self.model, self.optimizer, state, options=_state_dict_options(False))
+
+    def _load_extra(self, local_path: str, saved_world: int) -> None:
+        """lr schedule (the same on every rank) and RNG states. At another world size, rank r takes saved rank r's
+        RNG state where it exists; ranks beyond the saved ones keep their own seed (warned)."""
+        own = self._file(local_path, "extra_state", saved_world)
+        path = own if os.path.exists(own) else self._file(local_path, "extra_state", saved_world, rank=0)
+        extra = torch.load(path, weights_only=False)
+        if self.lr_scheduler is not None and extra["lr_scheduler"] is not None:
+            self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        if path == own:
+            self.load_rng_state(extra["rng"])
+        else:
+            logger.warning(
+                "%s was saved by %d ranks: rank %d has no saved RNG state and keeps its own", local_path, saved_world,
+                self.rank,
+            )  # fmt: skip
+
+
+def _dcp_save(state: dict, checkpoint_dir: str) -> None:
+    """Every rank writes its shards; rank 0 writes the global metadata. Collective when a group exists."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=checkpoint_dir, no_dist=not dist.is_initialized())
+
+
+def _dcp_load(state: dict, checkpoint_dir: str) -> None:
+    """Fill ``state`` in place from a DCP directory; DCP reads each rank's slice from whichever files hold it."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=not dist.is_initialized())
