@@ -44,7 +44,7 @@ def test_wrap_classes_accept_a_set_and_skip_unknown_names(caplog):
     model._no_split_modules = {"Qwen2DecoderLayer", "Qwen3_5TextDecoderLayer"}
     names, source = fsdp_utils.layer_class_names(model, None)
     assert source == "model._no_split_modules"
-    with caplog.at_level(logging.WARNING, logger="verl.utils.fsdp_utils"):
+    with caplog.at_level(logging.WARNING, logger="verl.utils.fsdp_wrap_policy"):
         classes = resolve_wrap_classes(model, names, source)
     assert {c.__name__ for c in classes} == {"Qwen2DecoderLayer"}
     assert "Qwen3_5TextDecoderLayer" in caplog.text
