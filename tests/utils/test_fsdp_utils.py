@@ -2,13 +2,10 @@
 strategy selection (item 9) and FSDP1 = FSDP2 = single process for one SGD step on gloo, world size 2."""
 
 import logging
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.utils import fsdp_utils
@@ -19,6 +16,7 @@ from verl.utils.fsdp_utils import (
     mixed_precision_dtypes,
     resolve_wrap_classes,
 )
+from verl.utils.testing.dist import run_on_ranks
 
 
 def _tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
@@ -137,11 +135,12 @@ def _reference_step(lr: float, max_norm: float):
     return norm, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def _dist_worker(rank: int, world_size: int, port: int, strategy: str, out: dict):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+def _dist_steps() -> dict:
+    """On each rank, for FSDP1 then FSDP2: wrap, accumulate two half-batches (first without grad sync), clip,
+    offload/reload, SGD step, full state dict and its load/save round trip. Rank 0 reports."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for strategy in ("fsdp", "fsdp2"):
         adapter = get_fsdp_adapter(strategy)
         mesh = fsdp_utils.create_device_mesh(world_size, -1)
         model = adapter.wrap(_tiny_qwen2(), mesh=mesh, dtypes=_FP32, wrap_policy=None)
@@ -166,30 +165,24 @@ def _dist_worker(rank: int, world_size: int, port: int, strategy: str, out: dict
         dist.broadcast_object_list(full, src=0)
         adapter.load_full_state_dict(model, full[0])
         again = adapter.full_state_dict(model)
-        if rank == 0:
-            out["norm"] = norm.item()
-            out["state"] = state
-            out["again"] = again
-    finally:
-        dist.destroy_process_group()
+        out[strategy] = {"norm": norm.item(), "state": state, "again": again}
+    return out if rank == 0 else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def dist_steps():
+    return run_on_ranks(_dist_steps, 2, timeout_s=300)[0]
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
-def test_fsdp_step_equals_single_process(strategy):
+def test_fsdp_step_equals_single_process(dist_steps, strategy):
     """Invariant: FSDP1 = FSDP2 = single process. On 2 gloo ranks, two accumulated half-batches (first without
     grad sync), clipping and an SGD step give the same grad norm (fp32: 1e-5 relative) and the same full
     state dict (1e-6 absolute) as one process on the union of the batches; the full-state-dict load/save
     round trip is exact."""
     ref_norm, ref_state = _reference_step(lr=1e-2, max_norm=0.5)
-    out = mp.Manager().dict()
-    mp.spawn(_dist_worker, args=(2, _free_port(), strategy, out), nprocs=2, join=True)
+    out = dist_steps[strategy]
     assert abs(out["norm"] - ref_norm.item()) <= 1e-5 * ref_norm.item()
     assert set(out["state"]) == set(ref_state)
     for key, value in ref_state.items():

@@ -2,19 +2,18 @@
 
 import json
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path, get_checkpoint_tracker_filename
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.fsdp_utils import create_device_mesh, get_fsdp_adapter
+from verl.utils.testing.dist import run_on_ranks
 
 _FP32 = {"param_dtype": torch.float32, "reduce_dtype": torch.float32, "buffer_dtype": torch.float32}
 
@@ -180,49 +179,47 @@ def test_find_latest_ckpt_path(tmp_path):
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _dist_worker(rank, world_size, port, strategy, root, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+def _dist_save_resume(root: str) -> dict:
+    """For FSDP1 then FSDP2 on this rank: step 1, save (with HF export), step 2; a differently initialised model
+    loads the checkpoint and makes step 2. Rank 0 reports the largest weight difference after step 2."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for strategy in ("fsdp", "fsdp2"):
         adapter = get_fsdp_adapter(strategy)
         mesh = create_device_mesh(world_size, -1)
         ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(10 + rank))
-        wrap = lambda seed: adapter.wrap(_tiny(seed), mesh=mesh, dtypes=_FP32, wrap_policy=None)  # noqa: E731
-        model, optim, sched = _make(0, wrap(0))
+        model, optim, sched = _make(0, adapter.wrap(_tiny(0), mesh=mesh, dtypes=_FP32, wrap_policy=None))
         _step(model, optim, sched, ids)
         config = _config("model", "optimizer", "extra", "hf_model")
-        FSDPCheckpointManager(model, optim, sched, checkpoint_config=config).save_checkpoint(root)
+        FSDPCheckpointManager(model, optim, sched, checkpoint_config=config).save_checkpoint(f"{root}/{strategy}")
         _step(model, optim, sched, ids)
         expected = adapter.full_state_dict(model)
 
-        model2, optim2, sched2 = _make(5, wrap(5))
-        FSDPCheckpointManager(model2, optim2, sched2, checkpoint_config=config).load_checkpoint(root)
+        model2, optim2, sched2 = _make(5, adapter.wrap(_tiny(5), mesh=mesh, dtypes=_FP32, wrap_policy=None))
+        FSDPCheckpointManager(model2, optim2, sched2, checkpoint_config=config).load_checkpoint(f"{root}/{strategy}")
         _step(model2, optim2, sched2, ids)
         resumed = adapter.full_state_dict(model2)
         if rank == 0:
-            out["max_diff"] = max((expected[k] - resumed[k]).abs().max().item() for k in expected)
-    finally:
-        dist.destroy_process_group()
+            out[strategy] = max((expected[k] - resumed[k]).abs().max().item() for k in expected)
+    return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def dist_resume(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("dist_ckpt"))
+    return root, run_on_ranks(_dist_save_resume, 2, args=(root,), timeout_s=300)[0]
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
-def test_sharded_resume_and_hf_export_world_size_2(tmp_path, strategy):
+def test_sharded_resume_and_hf_export_world_size_2(dist_resume, strategy):
     """Invariants on 2 gloo ranks: (1) save → load into a differently initialised model → next step equals the
     uninterrupted step exactly; (2) the HF export of the step-1 weights loads with
     AutoModelForCausalLM.from_pretrained and gives the same log-probs as the single-process model after the same
     step 1 (fp32, 1e-5)."""
-    root = str(tmp_path / "ckpt")
-    out = mp.Manager().dict()
-    mp.spawn(_dist_worker, args=(2, _free_port(), strategy, root, out), nprocs=2, join=True)
-    assert out["max_diff"] == 0.0
+    root, max_diff = dist_resume
+    root = f"{root}/{strategy}"
+    assert max_diff[strategy] == 0.0
 
     # the single-process reference of step 1: FSDP averages the two ranks' gradients
     ref, optim, sched = _make(0)
