@@ -74,7 +74,9 @@ def test_offloaded_actor_phases_and_checkpoint_on_simulated_npu(tmp_path, strate
     """Invariants on the simulated NPU with param+optimizer offload: between phases parameters and AdamW state
     are on the CPU; generate, log-prob, update, save (with HF export) and load each run with every tensor on the
     npu (a CPU/NPU mix raises there, as on hardware); the reloaded worker reproduces the updated log-probs, which
-    equal the exported HF model's.
+    equal the exported HF model's. Save and load are audited: every state_dict / load_state_dict of the model and
+    optimizer sees only npu:0, and a save whose offload is broken (parameters never reloaded, or one FSDP unit
+    left on the host) raises — FSDP2 would otherwise write it silently on one rank.
 
     Runs in a fresh process: the autograd engine sizes its per-device queues at its first backward, so a
     simulated device installed after other tests' backward passes in the same process would not get one."""
@@ -100,6 +102,7 @@ def _scenario(rank: int, port: int, root: str, strategy: str) -> None:
 
 def _run_phases(tmp_path, strategy: str) -> None:
     from verl.utils.device import get_device_name
+    from verl.utils.platform.npu_sim.placement_audit import saved_tensor_devices
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     assert get_device_name() == "npu"
@@ -119,12 +122,20 @@ def _run_phases(tmp_path, strategy: str) -> None:
     assert _npu_params(worker.actor_module_fsdp) == {"cpu"}
     updated = worker.compute_log_prob(batch).batch["old_log_probs"]
     ckpt = str(tmp_path / "global_step_1" / "actor")
-    worker.save_checkpoint(ckpt, None, 1, None)
+    with _audit(worker) as audit:
+        worker.save_checkpoint(ckpt, None, 1, None)
     assert os.path.exists(os.path.join(ckpt, "huggingface", "model.safetensors"))
+    # sharded model + full model (HF export) + optimizer, each read with everything on npu:0
+    assert audit.events().count(f"state_dict of {type(worker.actor_module_fsdp).__name__}") == 2
+    assert "state_dict of AdamW" in audit.events() and audit.devices() == {torch.device("npu", 0)}
+    saved = saved_tensor_devices(ckpt)  # the torch.save files (extra state); DCP writes the model/optimizer shards
+    assert saved and all(len(devices) == 1 for devices in saved.values()), saved
 
     resumed = ActorRolloutRefWorker(_config(path, strategy), role="actor")
     resumed.init_model()
-    resumed.load_checkpoint(ckpt)
+    with _audit(resumed) as audit:
+        resumed.load_checkpoint(ckpt)
+    assert {"load_state_dict of AdamW"} < set(audit.events()) and audit.devices() == {torch.device("npu", 0)}
     torch.testing.assert_close(resumed.compute_log_prob(batch).batch["old_log_probs"], updated, rtol=0, atol=0)
     exported = Qwen2ForCausalLM.from_pretrained(os.path.join(ckpt, "huggingface"), dtype=torch.float32)
     td = batch.batch.to("cpu")  # the worker moved the batch to the npu in place (DataProto.to)
@@ -137,3 +148,60 @@ def _run_phases(tmp_path, strategy: str) -> None:
     expected = logp.gather(-1, td["responses"].unsqueeze(-1)).squeeze(-1)
     mask = td["response_mask"].bool()
     torch.testing.assert_close(updated[mask], expected[mask], rtol=0, atol=1e-5)
+    # an exception inside FSDP1's state_dict leaves its state-dict type half-set: one broken save per worker
+    _missing_reload_fails_the_save(worker, str(tmp_path / "broken"))
+    _partial_reload_fails_the_save(resumed, str(tmp_path / "broken"))
+
+
+_NOT_ON_DEVICE = "found at least two devices|expected npu:0|Expects tensor to be on the compute device npu:0"
+
+
+def _audit(worker):
+    from verl.utils.platform.npu_sim.placement_audit import audit_state_dict_devices
+
+    return audit_state_dict_devices(worker.actor_module_fsdp, worker.actor_optimizer, expect=torch.device("npu", 0))
+
+
+def _missing_reload_fails_the_save(worker, ckpt: str) -> None:
+    """Parameters never reloaded before the save: FSDP2 would write a consistent host-side shard on one rank and
+    fail only at the HF export's collective on several; the audit (expect npu:0) fails it on one."""
+    from verl.utils.platform.npu_sim.placement_audit import DeviceDisciplineError
+
+    placement = worker._actor_placement
+    placement.param_offload = False  # on_device() now skips the reload (and the offload after it)
+    try:
+        # FSDP1 checks its flat parameters' device itself when its state_dict hook unshards them (as on hardware),
+        # before the audit's hook runs; FSDP2 does not, and the audit reports the host-side parameters
+        with _audit(worker), pytest.raises((DeviceDisciplineError, AssertionError), match=_NOT_ON_DEVICE):
+            worker.save_checkpoint(ckpt, None, 2, None)
+    finally:
+        placement.param_offload = True
+    assert not os.path.exists(ckpt)  # nothing half-written is committed
+
+
+def _partial_reload_fails_the_save(worker, ckpt: str) -> None:
+    """One FSDP unit left on the host while the rest is on the npu when the checkpoint reads the model."""
+    from verl.utils.platform.npu_sim.placement_audit import DeviceDisciplineError
+
+    save = worker.checkpoint_manager.save_checkpoint
+
+    def save_after_a_partial_reload(*args, **kwargs):
+        _move_one_unit_to_host(worker.actor_module_fsdp)
+        return save(*args, **kwargs)
+
+    worker.checkpoint_manager.save_checkpoint = save_after_a_partial_reload
+    with _audit(worker), pytest.raises((DeviceDisciplineError, AssertionError), match=_NOT_ON_DEVICE):
+        worker.save_checkpoint(ckpt, None, 2, None)
+    assert not os.path.exists(ckpt)
+
+
+def _move_one_unit_to_host(module) -> None:
+    """The partial move of a buggy offload: ONE FSDP unit's parameters go to the host, the rest stay on the npu."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule) and m is not module]
+    if units:  # FSDP2: a decoder layer, moved the way FSDP2 moves modules
+        units[0].to("cpu")
+        return
+    flat = next(module.parameters())  # FSDP1: the first flat parameter
+    flat.data = flat.data.cpu()
