@@ -98,13 +98,16 @@ def test_contradictory_fsdp_options_name_the_key():
 
 
 def test_mixed_precision_defaults_follow_upstream():
-    """Invariant: no mixed_precision block means bf16 params with fp32 reduce and buffers (upstream defaults)."""
+    """Invariant: no mixed_precision block means bf16 params with fp32 reduce and buffers (upstream defaults); an
+    unknown dtype names its key."""
     assert mixed_precision_dtypes(None) == {
         "param_dtype": torch.bfloat16,
         "reduce_dtype": torch.float32,
         "buffer_dtype": torch.float32,
     }
     assert mixed_precision_dtypes({"param_dtype": "fp32"})["param_dtype"] == torch.float32
+    with pytest.raises(ValueError, match=r"fsdp_config\.mixed_precision\.reduce_dtype='fp8' is not a dtype"):
+        mixed_precision_dtypes({"reduce_dtype": "fp8"})
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -115,11 +115,16 @@ def mixed_precision_dtypes(
     """``{"param_dtype", "reduce_dtype", "buffer_dtype"}``; upstream defaults are bf16 params, fp32 reduce/buffers."""
     # `fsdp_config.mixed_precision` is a free-form dict upstream (any subset of the three keys)
     mp = mixed_precision or {}
-    return {
-        "param_dtype": to_torch_dtype(_get_optional(mp, "param_dtype", default_param_dtype)),
-        "reduce_dtype": to_torch_dtype(_get_optional(mp, "reduce_dtype", "fp32")),
-        "buffer_dtype": to_torch_dtype(_get_optional(mp, "buffer_dtype", "fp32")),
-    }
+    defaults = {"param_dtype": default_param_dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    dtypes = {}
+    for key, default in defaults.items():
+        value = _get_optional(mp, key, default)
+        try:
+            dtypes[key] = to_torch_dtype(value)
+        except ValueError:
+            source = f"fsdp_config.mixed_precision.{key}" if key in mp else "fsdp_config.dtype"
+            raise ValueError(f"{source}={value!r} is not a dtype; use one of {sorted(_DTYPES)}") from None
+    return dtypes
 
 
 # --------------------------------------------------------------------------------------------------------------
