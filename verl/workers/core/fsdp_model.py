@@ -124,6 +124,9 @@ def build_fsdp_model(
         forward_prefetch=fsdp_config.forward_prefetch,
         use_orig_params=fsdp_config.use_orig_params,
     )
+    if _rank() == 0:
+        # what the wrapper really does (not what was asked): mesh, dtypes, offload, resharding, prefetch
+        logger.info("%s FSDP layout: %s", role, adapter.describe(module))
     if training and model_config.enable_activation_offload:
         enable_activation_offloading(module, strategy, model_config.enable_gradient_checkpointing)
     built = FSDPModel(module=module, hf_config=hf_config)
