@@ -93,6 +93,34 @@ def test_use_platform_restores_previous_selection(npu_sim):
     assert device.get_device_name() == "npu"
 
 
+def _fork_draws(platform, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(draws inside fork_rng(seed), draws after it) on the platform's device."""
+    device = platform.device() if platform.device_name != "cpu" else torch.device("cpu")
+    with platform.fork_rng(seed):
+        inside = torch.rand(4, device=device).cpu()
+    return inside, torch.rand(4, device=device).cpu()
+
+
+def test_fork_rng_seeds_inside_restores_after_and_is_device_independent(npu_sim):
+    """fork_rng(seed): draws inside depend only on the seed (not on earlier draws), the generator continues after
+    the block as if the block never ran, and the simulated npu draws what the CPU draws for the same seed (its
+    generator has the CPU's algorithm) — what lets a simulated-npu run sample the tokens of the CPU run."""
+    cpu, npu = PlatformRegistry.create("cpu"), PlatformRegistry.create("npu")
+    results = {}
+    for platform in (cpu, npu):
+        torch.manual_seed(1)  # seeds the CPU generator and every device's
+        device = platform.device() if platform.device_name != "cpu" else torch.device("cpu")
+        undisturbed = torch.rand(4, device=device).cpu()
+        torch.manual_seed(1)
+        torch.rand(100, device=device)  # earlier draws do not change what the block draws
+        results[platform.device_name] = _fork_draws(platform, seed=7)
+        torch.manual_seed(1)
+        inside, after = _fork_draws(platform, seed=7)
+        assert torch.equal(after, undisturbed)  # the block left the generator where it was
+    assert torch.equal(results["cpu"][0], results["npu"][0])
+    assert torch.equal(results["cpu"][0], torch.rand(4, generator=torch.Generator().manual_seed(7)))
+
+
 class _BrokenTorchNpuFinder:
     """Imitates torch_npu installed without CANN: importing it raises RuntimeError (seen via torch's autoload)."""
 

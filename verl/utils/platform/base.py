@@ -8,8 +8,10 @@ as thin adapters onto the selected platform; no other module names a device fami
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -111,6 +113,21 @@ class Platform:
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.torch_module().set_rng_state(state)
+
+    @contextlib.contextmanager
+    def fork_rng(self, seed: int) -> Iterator[None]:
+        """Run the block on the current device's generator seeded with ``seed``; restore its state afterwards.
+
+        The rollout samples inside such a block, seeded from (seed, step, rank): what it draws then depends on
+        nothing that ran before (model building, training, a restart from a checkpoint), and a CPU run and a run
+        on a device whose generator has the CPU's algorithm (the simulated Ascend) sample the same tokens.
+        """
+        saved = self.get_rng_state()
+        self.manual_seed(seed)
+        try:
+            yield
+        finally:
+            self.set_rng_state(saved)
 
     # ---- processes, Ray and collectives -------------------------------------------------------------------
 
