@@ -200,3 +200,22 @@ def test_engine_worker_path_trains(assets, tmp_path):
         )
     )
     assert sorted(_metrics(tmp_path)) == [1, 2]
+
+
+def test_model_merger_exports_a_trained_checkpoint(assets, tmp_path):
+    """`python -m verl.model_merger merge` turns a trainer checkpoint into an HF directory that
+    AutoModelForCausalLM loads, with the trained (not the initial) weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _run(_command(assets, tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.val_before_train=False"))
+    actor_dir = tmp_path / "ckpt" / "global_step_1" / "actor"
+    merge = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+    subprocess.run(
+        [*merge, "--local_dir", str(actor_dir), "--target_dir", str(tmp_path / "hf")],
+        env=_env(), cwd=REPO, check=True, capture_output=True, timeout=300,
+    )
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    initial = AutoModelForCausalLM.from_pretrained(assets / "model")
+    changed = [n for n, p in trained.state_dict().items() if not torch.equal(p, initial.state_dict()[n])]
+    assert changed, "the exported weights equal the initial model: the update was not exported"
