@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,12 +55,19 @@ def _command(assets: Path, run_dir: Path, *overrides: str) -> list[str]:
     return [arg if not arg.startswith("trainer.log_dir=") else f"trainer.log_dir={run_dir / 'logs'}" for arg in command]
 
 
-def _train(command: list[str]) -> None:
+def _train(command: list[str]) -> str:
+    """Run main_ppo to completion; returns its output (driver and Ray workers)."""
     result = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         raise AssertionError(
             f"main_ppo failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
         )
+    return result.stdout + result.stderr
+
+
+def _worker_platforms(output: str) -> set[str]:
+    """Platforms the Ray workers built their models for (their one-line patch report)."""
+    return set(re.findall(r"\(WorkerDict pid=\d+\).*\[verl patch\] model_type=\S+ platform=(\w+)", output))
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:
@@ -77,13 +85,14 @@ def _metrics(run_dir: Path) -> dict[int, dict]:
     "offset by the random numbers model building draws from the CPU generator, and the runs sample other tokens",
 )
 def test_grpo_on_simulated_npu_with_offload_equals_cpu(assets, tmp_path):
-    """Two GRPO steps with param+optimizer offload: trainer.device=npu on the simulated Ascend completes and logs,
-    per step, the critic/score/mean, actor/pg_loss and actor/grad_norm of the trainer.device=cpu run (1e-5
+    """Two GRPO steps with param+optimizer offload: trainer.device=npu on the simulated Ascend completes (its Ray
+    workers build the model for the npu platform, with the NPU kernel patches) and logs, per step, the critic/score/mean, actor/pg_loss and actor/grad_norm of the trainer.device=cpu run (1e-5
     relative: the same tokens are sampled and the simulated kernels are the CPU ones; only the NPU fused-op patches
     reorder a few fp32 reductions, measured 2e-7 on the grad norm)."""
     common = ("trainer.total_training_steps=2", "trainer.val_before_train=False", "trainer.test_freq=-1", *OFFLOAD)
-    _train(_command(assets, tmp_path / "cpu", "trainer.device=cpu", *common))
-    _train([*LAUNCH, *_command(assets, tmp_path / "npu", "trainer.device=npu", *common)[2:]])
+    cpu_output = _train(_command(assets, tmp_path / "cpu", "trainer.device=cpu", *common))
+    npu_output = _train([*LAUNCH, *_command(assets, tmp_path / "npu", "trainer.device=npu", *common)[2:]])
+    assert _worker_platforms(cpu_output) == {"cpu"} and _worker_platforms(npu_output) == {"npu"}
     cpu, npu = _metrics(tmp_path / "cpu"), _metrics(tmp_path / "npu")
     assert sorted(npu) == sorted(cpu) == [1, 2]
     for step in (1, 2):
