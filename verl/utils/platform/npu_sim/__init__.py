@@ -29,7 +29,9 @@ special-cased because HF's MoE relies on it), fp64 restrictions, HCCL topology. 
     with simulated_ascend():
         ...  # get_device_name() == "npu"
 
-or, in pytest, the ``npu_sim`` fixture from :mod:`verl.utils.platform.npu_sim.pytest_plugin`.
+or, in pytest, the ``npu_sim`` fixture from :mod:`verl.utils.platform.npu_sim.pytest_plugin`. A whole program,
+Ray workers included: ``python -m verl.utils.platform.npu_sim.launch verl.trainer.main_ppo trainer.device=npu ...``
+(:mod:`.launch`). Checkpoint device discipline: :func:`.placement_audit.audit_state_dict_devices`.
 """
 
 from __future__ import annotations
