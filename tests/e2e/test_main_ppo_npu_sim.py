@@ -86,9 +86,10 @@ def _metrics(run_dir: Path) -> dict[int, dict]:
 )
 def test_grpo_on_simulated_npu_with_offload_equals_cpu(assets, tmp_path):
     """Two GRPO steps with param+optimizer offload: trainer.device=npu on the simulated Ascend completes (its Ray
-    workers build the model for the npu platform, with the NPU kernel patches) and logs, per step, the critic/score/mean, actor/pg_loss and actor/grad_norm of the trainer.device=cpu run (1e-5
-    relative: the same tokens are sampled and the simulated kernels are the CPU ones; only the NPU fused-op patches
-    reorder a few fp32 reductions, measured 2e-7 on the grad norm)."""
+    workers build the model for the npu platform, with the NPU kernel patches) and logs, per step, the
+    critic/score/mean, actor/pg_loss and actor/grad_norm of the trainer.device=cpu run (1e-5 relative: the same
+    tokens are sampled and the simulated kernels are the CPU ones; only the NPU fused-op patches reorder a few fp32
+    reductions, measured 2e-7 on the grad norm)."""
     common = ("trainer.total_training_steps=2", "trainer.val_before_train=False", "trainer.test_freq=-1", *OFFLOAD)
     cpu_output = _train(_command(assets, tmp_path / "cpu", "trainer.device=cpu", *common))
     npu_output = _train([*LAUNCH, *_command(assets, tmp_path / "npu", "trainer.device=npu", *common)[2:]])
