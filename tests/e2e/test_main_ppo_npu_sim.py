@@ -78,12 +78,6 @@ def _metrics(run_dir: Path) -> dict[int, dict]:
     return by_step
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the worker to sample each generation from a (seed, step, dp rank)-seeded stream "
-    "(Platform.fork_rng in ActorRolloutRefWorker.generate_sequences); until then the CPU run's sampling stream is "
-    "offset by the random numbers model building draws from the CPU generator, and the runs sample other tokens",
-)
 def test_grpo_on_simulated_npu_with_offload_equals_cpu(assets, tmp_path):
     """Two GRPO steps with param+optimizer offload: trainer.device=npu on the simulated Ascend completes (its Ray
     workers build the model for the npu platform, with the NPU kernel patches) and logs, per step, the

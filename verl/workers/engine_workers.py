@@ -32,7 +32,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.config import omega_conf_to_dataclass
-from verl.utils.device import get_device_id, get_device_name
+from verl.utils.device import get_device_id, get_device_name, get_platform
 from verl.utils.py_functional import append_to_dict
 from verl.workers.core.micro_batching import iter_mini_batches
 from verl.workers.engine import EngineRegistry
@@ -47,6 +47,7 @@ from verl.workers.engine.worker_utils import (
     init_process_group,
     prefixed_engine_metrics,
 )
+from verl.workers.rollout.base import generation_seed
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +217,7 @@ class ActorRolloutRefWorker(Worker):
         sp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
         sp = self.config.actor.ulysses_sequence_parallel_size
         self.dp_size, dp_rank, sp_rank = dp_sp_coordinates(self.rank, self.world_size, sp, sp_key)
+        self._dp_rank = dp_rank
         for mesh_name in ("actor", "rollout", "ref"):
             self._register_dispatch_collect_info(mesh_name, dp_rank, sp_rank == 0)
         self.actor: TrainingWorker | None = None
@@ -295,7 +297,8 @@ class ActorRolloutRefWorker(Worker):
         tokenizer = self.config.model.tokenizer
         prompts.meta_info.setdefault("eos_token_id", tokenizer.eos_token_id)
         prompts.meta_info.setdefault("pad_token_id", tokenizer.pad_token_id)
-        with self.rollout_sharding_manager:
+        seed = generation_seed(self.config.actor.fsdp_config.seed, prompts.meta_info, self._dp_rank)
+        with self.rollout_sharding_manager, get_platform().fork_rng(seed):
             prompts = self.rollout_sharding_manager.preprocess_data(prompts)
             output = self.rollout.generate_sequences(prompts)
             output = self.rollout_sharding_manager.postprocess_data(output)

@@ -38,7 +38,7 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.config import omega_conf_to_dataclass
-from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_torch_device
+from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_platform, get_torch_device
 from verl.utils.fsdp_utils import (
     create_device_mesh,
     load_fsdp_model_to_gpu,
@@ -56,7 +56,7 @@ from verl.workers.config.rollout import RolloutConfig
 from verl.workers.core.fsdp_model import build_fsdp_model
 from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.rollout.base import get_rollout_class
+from verl.workers.rollout.base import generation_seed, get_rollout_class
 from verl.workers.sharding_manager.fsdp_hf import FSDPHFShardingManager
 
 logger = logging.getLogger(__name__)
@@ -293,13 +293,15 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------------------------------------ phases
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Responses for this rank's prompts (HF rollout on the actor module)."""
+        """Responses for this rank's prompts (HF rollout on the actor module), sampled from the device generator
+        seeded with :func:`generation_seed` for this step and dp rank (restored afterwards)."""
         self._require(self._is_rollout, "generate_sequences", "rollout")
         prompts = prompts.to(_device())
         tokenizer = self.model_config.tokenizer
         prompts.meta_info.setdefault("eos_token_id", tokenizer.eos_token_id)
         prompts.meta_info.setdefault("pad_token_id", tokenizer.pad_token_id)
-        with self.rollout_sharding_manager:
+        seed = generation_seed(self.actor_config.fsdp_config.seed, prompts.meta_info, self.layout.dp_rank)
+        with self.rollout_sharding_manager, get_platform().fork_rng(seed):
             prompts = self.rollout_sharding_manager.preprocess_data(prompts)
             output = self.rollout.generate_sequences(prompts)
             output = self.rollout_sharding_manager.postprocess_data(output)

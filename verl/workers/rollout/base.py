@@ -18,11 +18,23 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl.protocol import DataProto
 
-__all__ = ["BaseRollout", "get_rollout_class", "register_rollout"]
+__all__ = ["BaseRollout", "generation_seed", "get_rollout_class", "register_rollout"]
+
+
+def generation_seed(base_seed: int, meta_info: dict, dp_rank: int) -> int:
+    """Seed of one ``generate_sequences`` call's sampling: a function of the worker's seed
+    (``fsdp_config.seed``), the trainer step (``meta_info["global_steps"]``), validation or not, and the dp rank
+    only. A resumed run, a run on another device and a run whose model building drew a different amount of
+    randomness therefore sample the same tokens; the SP ranks of one dp rank (same prompts) draw alike.
+    ``numpy.random.SeedSequence`` mixes the four numbers, so neighbouring steps/ranks get unrelated streams."""
+    step, validate = int(meta_info.get("global_steps", 0)), int(bool(meta_info.get("validate", False)))
+    state = np.random.SeedSequence([base_seed, step, validate, dp_rank]).generate_state(1, dtype=np.uint64)
+    return int(state[0] >> np.uint64(1))  # < 2**63: a valid torch seed
 
 
 class BaseRollout(ABC):
