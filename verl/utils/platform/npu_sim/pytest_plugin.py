@@ -19,3 +19,31 @@ def npu_sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("VERL_PLATFORM", raising=False)
     with simulated_ascend():
         yield
+
+
+# Devices the preloaded backend reports; tests may use any count up to this one.
+_PRELOAD_DEVICE_COUNT = 8
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the simulated device (inert) before any test runs a backward pass.
+
+    torch's autograd engine sizes its per-device ready queues once, at the first backward of the process, from the
+    devices registered at that moment; a device registered later makes every backward on it fail with an internal
+    assert. Installing then uninstalling the simulation here registers the backend and the ``torch.npu`` module for
+    the whole session while leaving them unreachable (``get_device_name() == "cpu"``) until a test asks for
+    ``npu_sim``. Skipped where a real ``torch_npu`` exists (never mix the two) or no compiler can build the backend.
+    """
+    import importlib.util
+    import warnings
+
+    from verl.utils.platform import npu_sim
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        return
+    try:
+        npu_sim.install(device_count=_PRELOAD_DEVICE_COUNT)
+    except RuntimeError as exc:  # e.g. no C++ compiler: tests that need the simulator report it themselves
+        warnings.warn(f"simulated Ascend not preloaded: {exc}")
+        return
+    npu_sim.uninstall()
