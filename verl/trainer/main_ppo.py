@@ -8,6 +8,7 @@ Everything a user can get wrong in the config is checked here, on the driver, be
 from __future__ import annotations
 
 import os
+import socket
 
 import hydra
 import ray
@@ -54,8 +55,31 @@ def get_ppo_ray_runtime_env() -> dict:
 
     env_vars = {k: v for k, v in _WORKER_ENV.items() if k not in os.environ}
     env_vars.update(get_platform().comm_env_vars())
-    env_vars.update({k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)})
+    # Device visibility is per worker (set by Ray / the worker group), never copied from the driver.
+    forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
+    forwarded.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    env_vars.update(forwarded)
     return {"env_vars": env_vars}
+
+
+def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """Fail fast, naming the key, when ``ray_kwargs.ray_init.address`` points at a head nobody serves.
+
+    ``ray.init`` would otherwise retry for minutes before giving up. ``None`` (start a local cluster), ``"auto"``,
+    ``"local"`` and ``ray://`` client addresses are left to Ray.
+    """
+    if not address or address in ("auto", "local") or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"ray_kwargs.ray_init.address={address!r} is not host:port, 'auto' or a ray:// address")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"ray_kwargs.ray_init.address={address!r}: no Ray head answers there ({exc}). Start one with "
+            "`ray start --head` on that node, fix the address, or drop the key to start a local cluster."
+        ) from exc
 
 
 def run_ppo(config: DictConfig) -> None:
@@ -64,6 +88,7 @@ def run_ppo(config: DictConfig) -> None:
         ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True)
         runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(), ray_init.pop("runtime_env", None) or {})
         ray_init = {k: v for k, v in ray_init.items() if v is not None}
+        check_ray_address(ray_init.get("address"))
         ray.init(runtime_env=OmegaConf.to_container(runtime_env), include_dashboard=False, **ray_init)
     runner = ray.remote(num_cpus=1)(TaskRunner).remote()
     ray.get(runner.run.remote(config))
