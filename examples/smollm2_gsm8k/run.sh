@@ -11,11 +11,12 @@ WORK_DIR=${WORK_DIR:-.smollm2_gsm8k}
 MODEL_DIR=${MODEL_DIR:-${WORK_DIR}/SmolLM2-135M-Instruct}
 DATA_DIR=${DATA_DIR:-${WORK_DIR}/data}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled} HF_HUB_OFFLINE=1
+PYTHON=${PYTHON:-python}
 
-python examples/smollm2_gsm8k/prepare_model.py --out "${MODEL_DIR}"
-python examples/data_preprocess/gsm8k.py --local_save_dir "${DATA_DIR}"
+"${PYTHON}" examples/smollm2_gsm8k/prepare_model.py --out "${MODEL_DIR}"
+"${PYTHON}" examples/data_preprocess/gsm8k.py --local_save_dir "${DATA_DIR}"
 
-python -m verl.trainer.main_ppo \
+"${PYTHON}" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files="${DATA_DIR}/train.parquet" data.val_files="${DATA_DIR}/test.parquet" \
     data.train_batch_size=4 data.max_prompt_length=256 data.max_response_length=48 \

