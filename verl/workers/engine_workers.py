@@ -35,10 +35,10 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_id, get_device_name, get_platform
 from verl.utils.py_functional import append_to_dict
 from verl.workers.core.micro_batching import iter_mini_batches
+from verl.workers.core.parallel_layout import dp_sp_coordinates
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.base import LossFunction
 from verl.workers.engine.losses import ppo_loss, value_loss
-from verl.workers.engine.parallel_layout import dp_sp_coordinates
 from verl.workers.engine.worker_utils import (
     BatchPlan,
     actor_update_plan,

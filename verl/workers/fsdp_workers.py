@@ -55,6 +55,7 @@ from verl.workers.config.ref import FSDPRefConfig
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.core.fsdp_model import build_fsdp_model
 from verl.workers.core.model_forward import LogProbOptions
+from verl.workers.core.parallel_layout import DataSequenceLayout
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.base import generation_seed, get_rollout_class
 from verl.workers.sharding_manager.fsdp_hf import FSDPHFShardingManager
@@ -112,25 +113,6 @@ def _set_per_rank_log_prob_size(config: Any, dp_size: int, key_prefix: str) -> N
         dp_size,
     )
     config.log_prob_micro_batch_size = None
-
-
-class _ParallelLayout:
-    """Data parallel x Ulysses sequence parallel over the worker group: rank r is dp rank ``r // sp`` and SP rank
-    ``r % sp``. The ranks of one SP group receive the same data (dispatch by dp rank) and only SP rank 0 returns it.
-    """
-
-    def __init__(self, world_size: int, rank: int, sp_size: int, sp_key: str):
-        if sp_size < 1 or world_size % sp_size:
-            raise ValueError(f"{sp_key}={sp_size} must divide the number of ranks ({world_size})")
-        self.sp_size, self.dp_size = sp_size, world_size // sp_size
-        self.dp_rank, self.is_collect = rank // sp_size, rank % sp_size == 0
-        self.dp_group = self.ulysses_group = None
-        if sp_size > 1:
-            mesh = init_device_mesh(get_device_name(), (self.dp_size, sp_size), mesh_dim_names=("dp", "sp"))
-            self.dp_group, self.ulysses_group = mesh["dp"].get_group(), mesh["sp"].get_group()
-
-    def groups(self) -> dict[str, Any]:
-        return {"dp_group": self.dp_group, "ulysses_group": self.ulysses_group}
 
 
 class _Placement:
@@ -191,9 +173,8 @@ class ActorRolloutRefWorker(Worker):
         self.rollout_config: RolloutConfig = _as(config.rollout, RolloutConfig)
         self.ref_config: FSDPRefConfig | None = _as(config.ref, FSDPRefConfig) if self._is_ref else None
         sp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-        self.layout = _ParallelLayout(
-            self.world_size, self.rank, self.actor_config.ulysses_sequence_parallel_size, sp_key
-        )
+        self.layout = DataSequenceLayout.from_world(self.actor_config.ulysses_sequence_parallel_size, sp_key)
+        self.layout.build_groups()
         self.dp_size = self.layout.dp_size
         for mesh_name in ("actor", "rollout", "ref"):
             self._register_dispatch_collect_info(mesh_name, self.layout.dp_rank, self.layout.is_collect)
@@ -381,7 +362,8 @@ class CriticWorker(Worker):
         init_distributed()
         self.config: FSDPCriticConfig = _as(config, FSDPCriticConfig)
         sp_key = "critic.ulysses_sequence_parallel_size"
-        self.layout = _ParallelLayout(self.world_size, self.rank, self.config.ulysses_sequence_parallel_size, sp_key)
+        self.layout = DataSequenceLayout.from_world(self.config.ulysses_sequence_parallel_size, sp_key)
+        self.layout.build_groups()
         self._register_dispatch_collect_info("critic", self.layout.dp_rank, self.layout.is_collect)
         if "hf_model" in self.config.checkpoint.save_contents:
             raise ValueError(

@@ -39,8 +39,8 @@ from verl.workers.core.losses import MetricAccumulator
 from verl.workers.core.micro_batching import global_batch_info, restore_order, split_micro_batches
 from verl.workers.core.model_forward import LogProbOptions, forward_log_probs, forward_values, multi_modal_kwargs
 from verl.workers.core.optimizer_step import clip_grad_and_step
+from verl.workers.core.parallel_layout import DataSequenceLayout
 from verl.workers.engine.base import BaseEngine, EngineRegistry, LossFunction
-from verl.workers.engine.parallel_layout import DataSequenceLayout
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Data parallel × Ulysses sequence parallel layout of an engine (the legacy workers' convention).
+"""Data parallel × Ulysses sequence parallel layout of a worker (both worker paths use it).
 
 Rank ``r`` of a world of ``W`` ranks with Ulysses size ``sp`` is data-parallel rank ``r // sp`` and SP rank
 ``r % sp``: the ``sp`` consecutive ranks of one SP group receive the same rows (dispatch by dp rank) and split their
@@ -62,3 +62,7 @@ class DataSequenceLayout:
 
         mesh = init_device_mesh(get_device_name(), (self.dp_size, self.sp_size), mesh_dim_names=("dp", "sp"))
         self.dp_group, self.ulysses_group = mesh["dp"].get_group(), mesh["sp"].get_group()
+
+    def groups(self) -> dict[str, Any]:
+        """Keyword arguments for the core's forward/loss functions (``dp_group``, ``ulysses_group``)."""
+        return {"dp_group": self.dp_group, "ulysses_group": self.ulysses_group}

@@ -1,8 +1,8 @@
-"""Data parallel x Ulysses layout (verl/workers/engine/parallel_layout.py)."""
+"""Data parallel x Ulysses layout (verl.workers.core.parallel_layout.py)."""
 
 import pytest
 
-from verl.workers.engine.parallel_layout import DataSequenceLayout, dp_sp_coordinates
+from verl.workers.core.parallel_layout import DataSequenceLayout, dp_sp_coordinates
 
 
 def test_coordinates_by_hand():
