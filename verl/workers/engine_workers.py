@@ -256,31 +256,16 @@ class ActorRolloutRefWorker(Worker):
 
     def _build_rollout(self) -> None:
         """The rollout on the policy engine's module (the same wiring as the legacy worker's)."""
-        from torch.distributed.device_mesh import init_device_mesh
+        from verl.workers.rollout.build import build_rollout
 
-        from verl.workers.rollout.base import get_rollout_class
-
-        rollout_config, module = self.config.rollout, self.actor.engine.module
-        rollout_cls = get_rollout_class(rollout_config.name, rollout_config.mode)
-        if rollout_config.name == "hf":
-            from verl.workers.sharding_manager.fsdp_hf import FSDPHFShardingManager
-
-            # generates with the policy module itself: no weight copy
-            self.rollout = rollout_cls(module, rollout_config, self.config.model)
-            self.rollout_sharding_manager = FSDPHFShardingManager(module, self.actor.engine.is_param_offload_enabled)
-            return
-        from verl.workers.sharding_manager.vllm_weight_sync import FSDPVLLMShardingManager
-
-        tp = rollout_config.tensor_model_parallel_size
-        if tp < 1 or self.world_size % tp:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the {self.world_size} ranks"
-            )
-        mesh = init_device_mesh(get_device_name(), (self.world_size // tp, tp), mesh_dim_names=("dp", "infer_tp"))
-        self.rollout = rollout_cls(rollout_config, self.config.model, mesh)
-        seed = self.config.actor.fsdp_config.seed
-        self.rollout_sharding_manager = FSDPVLLMShardingManager(
-            module, self.rollout, dp_rank=self.rank // tp, seed=seed
+        self.rollout, self.rollout_sharding_manager = build_rollout(
+            self.actor.engine.module,
+            self.config.rollout,
+            self.config.model,
+            param_offload=self.actor.engine.is_param_offload_enabled,
+            world_size=self.world_size,
+            rank=self.rank,
+            seed=self.config.actor.fsdp_config.seed,
         )
 
     def _require(self, worker: Any, method: str, needed: str) -> Any:

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
@@ -57,8 +56,8 @@ from verl.workers.core.fsdp_model import build_fsdp_model
 from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.parallel_layout import DataSequenceLayout
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.rollout.base import generation_seed, get_rollout_class
-from verl.workers.sharding_manager.fsdp_hf import FSDPHFShardingManager
+from verl.workers.rollout.base import generation_seed
+from verl.workers.rollout.build import build_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -214,25 +213,14 @@ class ActorRolloutRefWorker(Worker):
         )  # fmt: skip
 
     def _build_rollout(self) -> None:
-        rollout_cls = get_rollout_class(self.rollout_config.name, self.rollout_config.mode)
-        if self.rollout_config.name == "hf":
-            # generates with the actor module itself: no weight copy
-            self.rollout = rollout_cls(self.actor_module_fsdp, self.rollout_config, self.model_config)
-            self.rollout_sharding_manager = FSDPHFShardingManager(
-                self.actor_module_fsdp, self.actor_config.fsdp_config.param_offload
-            )
-            return
-        from verl.workers.sharding_manager.vllm_weight_sync import FSDPVLLMShardingManager
-
-        tp = self.rollout_config.tensor_model_parallel_size
-        if tp < 1 or self.world_size % tp:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the {self.world_size} ranks"
-            )
-        mesh = init_device_mesh(get_device_name(), (self.world_size // tp, tp), mesh_dim_names=("dp", "infer_tp"))
-        self.rollout = rollout_cls(self.rollout_config, self.model_config, mesh)
-        self.rollout_sharding_manager = FSDPVLLMShardingManager(
-            self.actor_module_fsdp, self.rollout, dp_rank=self.rank // tp, seed=self.actor_config.fsdp_config.seed
+        self.rollout, self.rollout_sharding_manager = build_rollout(
+            self.actor_module_fsdp,
+            self.rollout_config,
+            self.model_config,
+            param_offload=self.actor_config.fsdp_config.param_offload,
+            world_size=self.world_size,
+            rank=self.rank,
+            seed=self.actor_config.fsdp_config.seed,
         )
 
     def _build_ref(self) -> None:
