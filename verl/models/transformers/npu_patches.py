@@ -24,7 +24,7 @@ patch                       torch_npu op                 replaces
 
 The attention-level patches (rotary, attention) must change a *module-global* function the installed
 transformers' attention ``forward`` looks up. Instead of patching that global, each attention instance gets a
-copy of its class's ``forward`` whose globals map the name to the NPU version (:func:`_rebind_forward_globals`):
+copy of its class's ``forward`` whose globals map the name to the NPU version (:func:`rebind_forward_globals`):
 the exact installed forward code runs, only for that instance.
 """
 
@@ -41,6 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from verl.models.transformers.forward_globals import innermost, rebind_forward_globals
 from verl.models.transformers.patch_registry import ModelPatch, PatchSkipped, register_patch
 from verl.utils.platform.npu import import_torch_npu
 
@@ -48,7 +49,6 @@ __all__ = ["FAMILIES", "NPU_PATCHES", "NPUGroupedMatmul"]
 
 SUPPORTED_TRANSFORMERS = ">=5.4.0,<6"
 _PATCHED_ATTR = "_verl_npu_patches"
-_GLOBALS_ATTR = "_verl_forward_globals"
 _CAUSAL_MASK_SIZE = 2048  # npu_fusion_attention's compressed causal mask is 2048 x 2048 (sparse_mode 2/3)
 
 
@@ -209,54 +209,6 @@ def apply_npu_rms_norm(model: nn.Module) -> None:
         raise PatchSkipped("; ".join(reasons))
 
 
-# ---- instance-scoped replacement of globals seen by a forward ----------------------------------------------------
-
-
-def _copy_with_globals(fn: Callable, replacements: dict[str, Any]) -> Callable:
-    """A copy of ``fn`` (and of the functions it wraps via ``__wrapped__``) resolving ``replacements`` as globals."""
-    inner = getattr(fn, "__wrapped__", None)
-    closure = fn.__closure__
-    new_inner = None
-    if inner is not None and closure:
-        new_inner = _copy_with_globals(inner, replacements)
-        closure = tuple(types.CellType(new_inner) if _cell_is(cell, inner) else cell for cell in closure)
-    used = {k: v for k, v in replacements.items() if k in fn.__code__.co_names}
-    fn_globals = {**fn.__globals__, **used} if used else fn.__globals__
-    copy = types.FunctionType(fn.__code__, fn_globals, fn.__name__, fn.__defaults__, closure)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    copy.__dict__.update(fn.__dict__)
-    copy.__qualname__ = fn.__qualname__
-    if new_inner is not None:
-        copy.__wrapped__ = new_inner
-    return copy
-
-
-def _cell_is(cell: types.CellType, obj: Any) -> bool:
-    try:
-        return cell.cell_contents is obj
-    except ValueError:  # empty cell
-        return False
-
-
-def _innermost(fn: Callable) -> Callable:
-    while getattr(fn, "__wrapped__", None) is not None:
-        fn = fn.__wrapped__
-    return fn
-
-
-def _rebind_forward_globals(module: nn.Module, **replacements: Any) -> None:
-    """Give ``module`` its own ``forward``: its class's forward with ``replacements`` as globals (merged with any
-    replacements an earlier patch made on this instance)."""
-    forward = type(module).forward
-    code_names = _innermost(forward).__code__.co_names
-    missing = [name for name in replacements if name not in code_names]
-    if missing:
-        raise PatchSkipped(f"{type(module).__name__}.forward does not call {', '.join(missing)} in this transformers")
-    merged = {**getattr(module, _GLOBALS_ATTR, {}), **replacements}
-    module.forward = types.MethodType(_copy_with_globals(forward, merged), module)
-    object.__setattr__(module, _GLOBALS_ATTR, merged)
-
-
 # ---- rotary embedding ---------------------------------------------------------------------------------------------
 
 
@@ -281,7 +233,7 @@ def apply_npu_rotary_mul(model: nn.Module) -> None:
     family = _family(model)
     rope = functools.partial(_npu_apply_rotary_pos_emb, torch_npu=torch_npu)
     for module in _instances(model, _classes(family, family.attention), "npu-rotary-mul"):
-        _rebind_forward_globals(module, apply_rotary_pos_emb=rope)
+        rebind_forward_globals(module, apply_rotary_pos_emb=rope)
         _mark(module, "npu-rotary-mul")
 
 
@@ -393,17 +345,17 @@ def apply_npu_fusion_attention(model: nn.Module) -> None:
     family = _family(model)
     state = _AttentionState(torch_npu)
     for module in _instances(model, _classes(family, family.attention), "npu-fusion-attention"):
-        forward_globals = _innermost(type(module).forward).__globals__
+        forward_globals = innermost(type(module).forward).__globals__
         registry = forward_globals.get("ALL_ATTENTION_FUNCTIONS")
         if registry is None:
             raise PatchSkipped(f"{type(module).__name__}.forward does not use ALL_ATTENTION_FUNCTIONS")
         replacements = {"ALL_ATTENTION_FUNCTIONS": _NpuAttentionFunctions(registry, state)}
         eager = forward_globals.get("eager_attention_forward")
-        if eager is not None and "eager_attention_forward" in _innermost(type(module).forward).__code__.co_names:
+        if eager is not None and "eager_attention_forward" in innermost(type(module).forward).__code__.co_names:
             replacements["eager_attention_forward"] = functools.partial(
                 _npu_varlen_attention, fallback=eager, state=state
             )
-        _rebind_forward_globals(module, **replacements)
+        rebind_forward_globals(module, **replacements)
         _mark(module, "npu-fusion-attention")
 
 

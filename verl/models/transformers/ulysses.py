@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 from torch.distributed import ProcessGroup
 
-from verl.models.transformers.npu_patches import _GLOBALS_ATTR, _innermost, _rebind_forward_globals
+from verl.models.transformers.forward_globals import FORWARD_GLOBALS_ATTR, innermost, rebind_forward_globals
 from verl.utils.packing import seq_idx_from_cu_seqlens
 from verl.utils.ulysses import UlyssesShard, gather_heads_scatter_seq, gather_seq_scatter_heads
 
@@ -238,15 +238,15 @@ def apply_ulysses_attention(model: nn.Module) -> int:
     count = 0
     for name, module in _attention_modules(model):
         if not getattr(module, _ATTENTION_ATTR, False):
-            forward = _innermost(type(module).forward)
+            forward = innermost(type(module).forward)
             if "ALL_ATTENTION_FUNCTIONS" not in forward.__code__.co_names:
                 raise ValueError(
                     f"{type(module).__name__} ({name}) does not dispatch through ALL_ATTENTION_FUNCTIONS in this "
                     f"transformers version, so Ulysses SP cannot wrap it; set {_SP_KEY}=1"
                 )
-            current = getattr(module, _GLOBALS_ATTR, {}).get("ALL_ATTENTION_FUNCTIONS")
+            current = getattr(module, FORWARD_GLOBALS_ATTR, {}).get("ALL_ATTENTION_FUNCTIONS")
             current = current if current is not None else forward.__globals__["ALL_ATTENTION_FUNCTIONS"]
-            _rebind_forward_globals(module, ALL_ATTENTION_FUNCTIONS=_UlyssesAttentionFunctions(current))
+            rebind_forward_globals(module, ALL_ATTENTION_FUNCTIONS=_UlyssesAttentionFunctions(current))
             object.__setattr__(module, _ATTENTION_ATTR, True)
         count += 1
     return count

@@ -1,0 +1,68 @@
+"""Instance-scoped replacement of the globals a module's ``forward`` looks up.
+
+Attention-level patches (NPU rotary / fused attention, Ulysses attention) must change a *module-global* function
+that the installed transformers' ``forward`` calls. Instead of patching that global for everyone, one module
+instance gets a copy of its class's ``forward`` whose globals map the name to the replacement: the exact installed
+forward code runs, only for that instance. Used by ``npu_patches`` and ``ulysses``.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch.nn as nn
+
+from verl.models.transformers.patch_registry import PatchSkipped
+
+__all__ = ["FORWARD_GLOBALS_ATTR", "copy_with_globals", "innermost", "rebind_forward_globals"]
+
+# Attribute of a patched instance holding the globals its forward copy resolves (merged across patches).
+FORWARD_GLOBALS_ATTR = "_verl_forward_globals"
+
+
+
+def copy_with_globals(fn: Callable, replacements: dict[str, Any]) -> Callable:
+    """A copy of ``fn`` (and of the functions it wraps via ``__wrapped__``) resolving ``replacements`` as globals."""
+    inner = getattr(fn, "__wrapped__", None)
+    closure = fn.__closure__
+    new_inner = None
+    if inner is not None and closure:
+        new_inner = copy_with_globals(inner, replacements)
+        closure = tuple(types.CellType(new_inner) if _cell_is(cell, inner) else cell for cell in closure)
+    used = {k: v for k, v in replacements.items() if k in fn.__code__.co_names}
+    fn_globals = {**fn.__globals__, **used} if used else fn.__globals__
+    copy = types.FunctionType(fn.__code__, fn_globals, fn.__name__, fn.__defaults__, closure)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__dict__.update(fn.__dict__)
+    copy.__qualname__ = fn.__qualname__
+    if new_inner is not None:
+        copy.__wrapped__ = new_inner
+    return copy
+
+
+def _cell_is(cell: types.CellType, obj: Any) -> bool:
+    try:
+        return cell.cell_contents is obj
+    except ValueError:  # empty cell
+        return False
+
+
+def innermost(fn: Callable) -> Callable:
+    while getattr(fn, "__wrapped__", None) is not None:
+        fn = fn.__wrapped__
+    return fn
+
+
+def rebind_forward_globals(module: nn.Module, **replacements: Any) -> None:
+    """Give ``module`` its own ``forward``: its class's forward with ``replacements`` as globals (merged with any
+    replacements an earlier patch made on this instance)."""
+    forward = type(module).forward
+    code_names = innermost(forward).__code__.co_names
+    missing = [name for name in replacements if name not in code_names]
+    if missing:
+        raise PatchSkipped(f"{type(module).__name__}.forward does not call {', '.join(missing)} in this transformers")
+    merged = {**getattr(module, FORWARD_GLOBALS_ATTR, {}), **replacements}
+    module.forward = types.MethodType(copy_with_globals(forward, merged), module)
+    object.__setattr__(module, FORWARD_GLOBALS_ATTR, merged)
