@@ -58,7 +58,9 @@ def _command(assets: Path, run_dir: Path, *overrides: str) -> list[str]:
 def _run(command: list[str], timeout_s: int = 600) -> subprocess.CompletedProcess:
     result = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     if result.returncode != 0:
-        raise AssertionError(f"main_ppo failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"main_ppo failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-6000:]}"
+        )
     return result
 
 
@@ -125,8 +127,12 @@ def test_killed_run_resumes_with_same_data_and_metrics(assets, tmp_path):
 
     killed = tmp_path / "killed"
     process = subprocess.Popen(
-        _command(assets, killed, *common), env=_env(), cwd=REPO, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        _command(assets, killed, *common),
+        env=_env(),
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait_for_checkpoint(process, killed / "ckpt", step=2)
@@ -208,12 +214,20 @@ def test_model_merger_exports_a_trained_checkpoint(assets, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    _run(_command(assets, tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.val_before_train=False"))
+    _run(
+        _command(
+            assets, tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.val_before_train=False"
+        )
+    )
     actor_dir = tmp_path / "ckpt" / "global_step_1" / "actor"
     merge = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
     subprocess.run(
         [*merge, "--local_dir", str(actor_dir), "--target_dir", str(tmp_path / "hf")],
-        env=_env(), cwd=REPO, check=True, capture_output=True, timeout=300,
+        env=_env(),
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     initial = AutoModelForCausalLM.from_pretrained(assets / "model")

@@ -22,7 +22,6 @@ __all__ = ["FORWARD_GLOBALS_ATTR", "copy_with_globals", "innermost", "rebind_for
 FORWARD_GLOBALS_ATTR = "_verl_forward_globals"
 
 
-
 def copy_with_globals(fn: Callable, replacements: dict[str, Any]) -> Callable:
     """A copy of ``fn`` (and of the functions it wraps via ``__wrapped__``) resolving ``replacements`` as globals."""
     inner = getattr(fn, "__wrapped__", None)

@@ -214,7 +214,11 @@ class RayPPOTrainer:
             class_by_pool.setdefault(pool, {})[name] = ray_cls
 
         actor_role = Role.ActorRollout
-        add(actor_role, "actor_rollout", self._ray_cls(actor_role, config=self.config.actor_rollout_ref, role="actor_rollout"))
+        add(
+            actor_role,
+            "actor_rollout",
+            self._ray_cls(actor_role, config=self.config.actor_rollout_ref, role="actor_rollout"),
+        )
         if self.use_critic:
             add(Role.Critic, "critic", self._ray_cls(Role.Critic, config=self.config.critic))
         if self.use_reference_policy:

@@ -42,7 +42,9 @@ def build_rollout(
 
     tp = rollout_config.tensor_model_parallel_size
     if tp < 1 or world_size % tp:
-        raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the {world_size} ranks")
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the {world_size} ranks"
+        )
     mesh = init_device_mesh(get_device_name(), (world_size // tp, tp), mesh_dim_names=("dp", "infer_tp"))
     rollout = rollout_cls(rollout_config, model_config, mesh)
     return rollout, FSDPVLLMShardingManager(module, rollout, dp_rank=rank // tp, seed=seed)
