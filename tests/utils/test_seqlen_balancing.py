@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from verl.protocol import DataProto
@@ -24,6 +23,7 @@ from verl.utils.seqlen_balancing import (
     restore_dynamic_batch,
     roundup_divisible,
 )
+from verl.utils.testing.dist import spawn
 
 
 def _batch(lengths, seqlen=12):
@@ -186,5 +186,5 @@ def test_same_micro_num_in_dp():
     ({9}, {9}, {8, 2} for a budget of 10) -> both use 3."""
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "count")
-        mp.spawn(_dp_worker, args=(os.path.join(tmp, "init"), result), nprocs=2, join=True)
+        spawn(_dp_worker, args=(os.path.join(tmp, "init"), result), nprocs=2)
         assert [torch.load(f"{result}.{rank}") for rank in range(2)] == [3, 3]

@@ -6,7 +6,6 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from verl.utils.tensor_collectives import (
@@ -18,6 +17,7 @@ from verl.utils.tensor_collectives import (
     distributed_mean_max_min_std,
     split_dict_tensor_into_batches,
 )
+from verl.utils.testing.dist import spawn
 
 
 def test_compute_grad_norm_is_squared_sum():
@@ -67,7 +67,7 @@ def test_collectives_on_two_gloo_ranks():
     """broadcast, all-gather (TensorDict and dict, dim 0 and 1), object gather and distributed mean/max/min/std and
     masked mean over two gloo ranks give the hand-computed values on both ranks."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=2, join=True)
+        spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=2)
         results = [torch.load(os.path.join(tmp, f"{rank}.pt")) for rank in range(2)]
     for res in results:
         assert res["broadcast"] == ([10], [1.0, 1.0])

@@ -6,10 +6,10 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from verl.utils import ulysses as U
 from verl.utils.packing import pack_padded_batch
+from verl.utils.testing.dist import spawn
 
 
 def test_without_a_group_sp_is_one_and_helpers_are_identities():
@@ -176,7 +176,7 @@ def test_collectives_padding_and_gradients_on_two_ranks():
     segment; every tensor handed to a collective is contiguous, even for strided inputs (field-report item 4); the
     sharding manager installs the mesh's SP group only inside its context."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=2, join=True)
+        spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=2)
         results = [torch.load(os.path.join(tmp, f"{rank}.pt")) for rank in range(2)]
     for rank, res in enumerate(results):
         assert (res["world"], res["rank"], res["installed_world"]) == (2, rank, 2)

@@ -15,6 +15,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import verl.trainer.config as trainer_config_pkg
 from verl.protocol import DataProto
+from verl.utils.testing.dist import spawn
 from verl.utils.tokenizer import build_offline_tokenizer
 
 PROMPTS_PER_RANK, N, PROMPT_LEN, RESPONSE_LEN = 2, 2, 6, 5
@@ -138,7 +139,7 @@ def test_workers_one_step_two_ranks(tmp_path, strategy):
     cfg = _config(_model_dir(tmp_path), strategy)
     out = mp.Manager().dict()
     ckpt = str(tmp_path / "global_step_1" / "actor")
-    mp.spawn(_worker, args=(2, _free_port(), cfg, ckpt, out), nprocs=2, join=True)
+    spawn(_worker, args=(2, _free_port(), cfg, ckpt, out), nprocs=2)
     rows = PROMPTS_PER_RANK * N
     gen = out["gen"]
     assert set(gen.keys()) >= {"prompts", "responses", "input_ids", "attention_mask", "position_ids"}

@@ -7,11 +7,11 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from tensordict import TensorDict
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.protocol import DataProto
+from verl.utils.testing.dist import spawn
 from verl.utils.tokenizer import build_offline_tokenizer
 
 RESPONSE_LEN = 4
@@ -80,7 +80,7 @@ def test_offloaded_actor_phases_and_checkpoint_on_simulated_npu(tmp_path, strate
 
     Runs in a fresh process: the autograd engine sizes its per-device queues at its first backward, so a
     simulated device installed after other tests' backward passes in the same process would not get one."""
-    mp.spawn(_scenario, args=(_free_port(), str(tmp_path), strategy), nprocs=1, join=True)
+    spawn(_scenario, args=(_free_port(), str(tmp_path), strategy), nprocs=1)
 
 
 def _scenario(rank: int, port: int, root: str, strategy: str) -> None:

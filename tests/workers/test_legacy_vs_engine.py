@@ -32,6 +32,7 @@ from verl.models.transformers.patch_registry import apply_patches
 from verl.protocol import DataProto
 from verl.trainer.config.ppo_trainer import ActorRolloutRefConfig
 from verl.utils.fsdp_utils import create_device_mesh, get_fsdp_adapter
+from verl.utils.testing.dist import spawn
 from verl.utils.tokenizer import build_offline_tokenizer
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import (
@@ -282,5 +283,5 @@ def test_worker_level_one_trainer_step_matches_on_two_ranks(tmp_path, sp):
     tokenizer.save_pretrained(model_path)
     out = mp.Manager().dict()
     cfg = _yaml_config(model_path, "fsdp2", sp)
-    mp.spawn(_dist_worker, args=(2, _free_port(), cfg, sp, out), nprocs=2, join=True)
+    spawn(_dist_worker, args=(2, _free_port(), cfg, sp, out), nprocs=2)
     assert out[0] == out[1] and {"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/lr"} <= set(out[0])

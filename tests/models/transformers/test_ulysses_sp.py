@@ -17,7 +17,6 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from verl.models.tiny import build_tiny_model
@@ -25,6 +24,7 @@ from verl.models.transformers.packed_forward import forward_packed
 from verl.models.transformers.patch_registry import apply_patches
 from verl.utils.packing import PackedBatch, pack_padded_batch, pack_values
 from verl.utils.rope_utils import get_packed_mrope_position_ids
+from verl.utils.testing.dist import spawn
 
 pytestmark = pytest.mark.tf_compat
 
@@ -283,7 +283,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 def _spawn(world: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "init"), tmp), nprocs=world, join=True)
+        spawn(_worker, args=(world, os.path.join(tmp, "init"), tmp), nprocs=world)
         return [torch.load(os.path.join(tmp, f"{rank}.pt")) for rank in range(world)]
 
 

@@ -6,8 +6,9 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+
+from verl.utils.testing.dist import spawn
 
 pytestmark = pytest.mark.dist
 WORLD = 2
@@ -54,7 +55,7 @@ def test_collectives_on_simulated_hccl():
     """hccl is the backend on npu; all_reduce/all_gather/reduce_scatter/objects give the hand-computed values; a CPU
     tensor or a non-contiguous tensor is refused, as HCCL refuses them."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_collectives_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        spawn(_collectives_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD)
         results = [torch.load(os.path.join(tmp, f"collectives_{r}.pt")) for r in range(WORLD)]
     for rank, res in enumerate(results):
         assert res["backend"] == "hccl"
@@ -105,7 +106,7 @@ def test_fsdp2_step_on_two_simulated_npus_matches_single_cpu():
     mean of the two half-batch losses computed on one process. fp32, same kernels: agreement to 1e-6.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_fsdp2_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        spawn(_fsdp2_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD)
         state = torch.load(os.path.join(tmp, "fsdp2.pt"))
     reference = _model()
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)

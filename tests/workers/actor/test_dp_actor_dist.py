@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
 from verl.utils.fsdp_utils import create_device_mesh, get_fsdp_adapter
+from verl.utils.testing.dist import spawn
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config.actor import FSDPActorConfig
 
@@ -77,7 +78,7 @@ def test_two_rank_update_equals_single_process(make_model, make_batch, strategy,
         batch
     )
     out = mp.Manager().dict()
-    mp.spawn(_worker, args=(2, _free_port(), strategy, dynamic, sp, model, batch, out), nprocs=2, join=True)
+    spawn(_worker, args=(2, _free_port(), strategy, dynamic, sp, model, batch, out), nprocs=2)
     assert out["grad_norm"] == pytest.approx(ref_metrics["actor/grad_norm"][0], rel=1e-5)
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(out["state"][name], value, rtol=0, atol=1e-5, msg=name)

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.testing.dist import spawn
 from verl.workers.config.actor import FSDPActorConfig
 
 STEPS = 2
@@ -114,7 +115,7 @@ def test_offloaded_actor_steps_on_simulated_npu_match_cpu(tmp_path, make_model, 
     make_model().save_pretrained(model_dir)
     batch = make_batch(batch_size=8)
     out = mp.Manager().dict()
-    mp.spawn(_scenario, args=(_free_port(), strategy, model_dir, batch, out), nprocs=1, join=True)
+    spawn(_scenario, args=(_free_port(), strategy, model_dir, batch, out), nprocs=1)
     npu, cpu = out["npu"], out["cpu"]
     for step in range(STEPS):
         for key in ("actor/pg_loss", "actor/grad_norm"):

@@ -11,6 +11,7 @@ from tensordict import TensorDict
 
 from verl.protocol import DataProto
 from verl.utils.fsdp_utils import create_device_mesh, get_fsdp_adapter
+from verl.utils.testing.dist import spawn
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -68,6 +69,6 @@ def test_generate_on_sharded_actor_equals_plain(make_model, strategy):
     expected = HFRollout(model, _config()).generate_sequences(_prompts(eos)).batch["responses"]
     assert (expected[1] == eos).sum() == 0 or (expected[1] == eos).nonzero()[0] > 1  # row 1 runs longer
     out = mp.Manager().dict()
-    mp.spawn(_worker, args=(2, _free_port(), strategy, model, eos, out), nprocs=2, join=True)
+    spawn(_worker, args=(2, _free_port(), strategy, model, eos, out), nprocs=2)
     assert torch.equal(out["responses"], expected)
     assert out["training"] is True

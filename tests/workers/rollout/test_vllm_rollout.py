@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from verl.base_config import ConfigError
 from verl.models.tiny import build_tiny_model
 from verl.protocol import DataProto
+from verl.utils.testing.dist import spawn
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.config.rollout import MultiTurnConfig, SamplingConfig
 from verl.workers.rollout import get_rollout_class
@@ -387,7 +388,7 @@ def test_tensor_parallel_ranks_submit_the_same_requests():
     """Two trainer ranks forming one TP=2 engine (mesh dim infer_tp): both engines receive the union of the two
     ranks' prompts in rank order, and each rank gets back only its own rows."""
     out = mp.Manager().dict()
-    mp.spawn(_tp_worker, args=(_free_port(), out), nprocs=2, join=True)
+    spawn(_tp_worker, args=(_free_port(), out), nprocs=2)
     for rank in (0, 1):
         assert out[rank]["backend"] == "external_launcher"
         assert out[rank]["requests"] == [[3, 4], [5, 6, 7, 8]]

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from verl.models.tiny import build_tiny_model
 from verl.utils.device import get_device_name, get_nccl_backend
 from verl.utils.platform.npu_sim.pytest_plugin import npu_sim  # noqa: F401
+from verl.utils.testing.dist import spawn
 from verl.workers.sharding_manager.vllm_weight_sync import (
     FSDPVLLMShardingManager,
     align_names_to_engine,
@@ -341,7 +342,7 @@ def test_fsdp_sync_equals_unsharded_model():
     """FSDP1, FSDP2 and FSDP2 with CPU parameter offload on 2 gloo ranks: the gathered names are the plain model's
     state-dict names, and every rank's engine receives exactly the single-process model's weights (bf16)."""
     out = mp.Manager().dict()
-    mp.spawn(_dist_worker, args=(_free_port(), out), nprocs=2, join=True)
+    spawn(_dist_worker, args=(_free_port(), out), nprocs=2)
     reference = tiny().state_dict()
     for strategy, offload in _SETUPS:
         for rank in (0, 1):
