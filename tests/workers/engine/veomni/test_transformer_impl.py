@@ -1,4 +1,5 @@
-"""VeOmniEngine (verl/workers/engine/veomni/transformer_impl.py) against a fake ``veomni`` package.
+"""VeOmniEngine (verl/workers/engine/veomni/transformer_impl.py) against a fake ``veomni`` package
+(``verl.utils.testing.fake_veomni``).
 
 VeOmni cannot be installed next to the CPU stack (shared/reference/cpu_environment.md §6), so these tests check
 the wiring only: the import guard, the arguments VeOmni's entry points receive, and that once VeOmni has built and
@@ -7,67 +8,17 @@ VeOmni's own kernels, Ulysses or expert parallelism.
 """
 
 import sys
-import types
 
 import pytest
 import torch
 
 from verl.models.tiny import build_tiny_model
 from verl.models.transformers.packed_forward import VARLEN_PATCHED_ATTR
-from verl.utils.fsdp_utils import create_device_mesh, get_fsdp_adapter
+from verl.utils.testing.fake_veomni import install_fake_veomni
 from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.veomni import VeOmniEngineConfig, VeOmniEngineWithLMHead
 from verl.workers.engine.veomni.transformer_impl import _mark_varlen_mixers
-
-_FP32 = {"param_dtype": torch.float32, "reduce_dtype": torch.float32, "buffer_dtype": torch.float32}
-
-
-class _Recorder:
-    def __init__(self):
-        self.calls = {}
-
-
-def _fake_veomni(monkeypatch, recorder):
-    """Install a fake veomni: parallel state records its sizes, the model is loaded with HF, sharding is FSDP2."""
-
-    def init_parallel_state(dp_size=1, dp_replicate_size=1, dp_shard_size=1, ulysses_size=1, dp_mode="fsdp2",
-                            device_type=None, extra_parallel_sizes=(), extra_parallel_names=()):  # fmt: skip
-        recorder.calls["init_parallel_state"] = dict(locals())
-
-    class OpsImplementationConfig:
-        def __init__(self, **kwargs):
-            self.kwargs = kwargs
-
-    class MixedPrecisionConfig:
-        def __init__(self, enable=True):
-            self.enable = enable
-
-    def build_foundation_model(config_path, weights_path, torch_dtype="bfloat16", init_device="meta",
-                               ops_implementation=None, force_use_huggingface=False):  # fmt: skip
-        from transformers import AutoModelForCausalLM
-
-        recorder.calls["build_foundation_model"] = dict(locals())
-        return AutoModelForCausalLM.from_pretrained(weights_path, dtype=torch.float32)
-
-    def build_parallelize_model(model, weights_path=None, enable_reshard_after_forward=True, mixed_precision=None,
-                                enable_gradient_checkpointing=True, basic_modules=None, **kwargs):  # fmt: skip
-        recorder.calls["build_parallelize_model"] = dict(locals(), **kwargs)
-        return get_fsdp_adapter("fsdp2").wrap(model, mesh=create_device_mesh(1, -1), dtypes=_FP32, wrap_policy=None)
-
-    modules = {
-        "veomni": types.ModuleType("veomni"),
-        "veomni.distributed": types.ModuleType("veomni.distributed"),
-        "veomni.distributed.parallel_state": types.SimpleNamespace(init_parallel_state=init_parallel_state),
-        "veomni.distributed.torch_parallelize": types.SimpleNamespace(build_parallelize_model=build_parallelize_model),
-        "veomni.arguments": types.SimpleNamespace(
-            OpsImplementationConfig=OpsImplementationConfig, MixedPrecisionConfig=MixedPrecisionConfig
-        ),
-        "veomni.models": types.ModuleType("veomni.models"),
-        "veomni.models.auto": types.SimpleNamespace(build_foundation_model=build_foundation_model),
-    }
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
 
 
 def test_missing_veomni_error_says_how_to_install(single_rank_group, tiny_qwen2_dir, monkeypatch):
@@ -93,8 +44,7 @@ def test_fake_veomni_wiring_and_same_log_probs_as_fsdp_engine(
     """Invariant: VeOmni's entry points get the mapped arguments (dp 1 = 1 shard, ep via extra_parallel_sizes, the
     ops config, gradient checkpointing, MixedPrecisionConfig), and the log-probs of the VeOmni-built model equal
     the FSDP2 engine's on the same weights exactly (fp32, same core: 1e-6)."""
-    recorder = _Recorder()
-    _fake_veomni(monkeypatch, recorder)
+    recorder = install_fake_veomni(monkeypatch)
     model_config = HFModelConfig(path=tiny_qwen2_dir, enable_gradient_checkpointing=False)
     veomni = VeOmniEngineWithLMHead(
         model_config, VeOmniEngineConfig(chunk_gated_delta_rule_implementation="npu"), FSDPOptimizerConfig(lr=0.1)
