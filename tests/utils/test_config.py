@@ -68,6 +68,24 @@ def test_explicit_type_empty_node_and_passthrough():
     assert omega_conf_to_dataclass(optim) is optim
 
 
+def test_node_without_target_is_its_fields_default_class():
+    """`actor` is annotated with the base ActorConfig and defaults to FSDPActorConfig: a plain node (no _target_)
+    builds that default class, so its FSDP keys are known; a _target_ in the node picks another subclass; a node
+    with FSDP keys under the VeOmni class is refused naming the key."""
+    from verl.base_config import ConfigError
+    from verl.trainer.config.ppo_trainer import ActorRolloutRefConfig
+    from verl.workers.config import VeOmniActorConfig
+
+    plain = omega_conf_to_dataclass({"actor": {"fsdp_config": {"param_offload": True}}}, ActorRolloutRefConfig)
+    assert type(plain.actor) is FSDPActorConfig and plain.actor.fsdp_config.param_offload
+    veomni = {"_target_": "verl.workers.config.VeOmniActorConfig", "veomni": {"expert_parallel_size": 2}}
+    ref = {"_target_": "verl.workers.config.VeOmniRefConfig"}
+    picked = omega_conf_to_dataclass({"actor": veomni, "ref": ref}, ActorRolloutRefConfig)
+    assert type(picked.actor) is VeOmniActorConfig and picked.actor.engine_config.expert_parallel_size == 2
+    with pytest.raises(ConfigError, match="actor.fsdp_config: unknown config key"):
+        omega_conf_to_dataclass({"actor": {**veomni, "fsdp_config": {}}, "ref": ref}, ActorRolloutRefConfig)
+
+
 def test_plain_dataclasses_nested_and_from_dotlist():
     """Any dataclass works (not only BaseConfig): nested fields, dict fields and CLI-style dotlist overrides."""
 

@@ -251,3 +251,70 @@ def test_role_strategy_key_selects_the_engine_wrapper(tmp_path, strategy, versio
     worker = ActorRolloutRefWorker(config, role="actor_rollout_ref")
     worker.init_model()
     assert fsdp_version(worker.actor.engine.module) == fsdp_version(worker.ref.engine.module) == version
+
+
+def _veomni_config(model_path: str):
+    """`_config` in the model_engine=veomni family: the same actor/ref settings with the engine block under
+    `.veomni` (fp32, offload on, as the fsdp2 config) and the VeOmni role classes named by `_target_`."""
+    config = OmegaConf.to_container(_config(model_path))
+    engine = config["actor"].pop("fsdp_config")
+    config["actor"].update(
+        _target_="verl.workers.config.VeOmniActorConfig",
+        strategy="veomni",
+        veomni={"model_dtype": "fp32", "param_offload": engine["param_offload"],
+                "optimizer_offload": engine["optimizer_offload"]},
+    )  # fmt: skip
+    config["ref"] = {
+        "_target_": "verl.workers.config.VeOmniRefConfig",
+        "strategy": "veomni",
+        "log_prob_micro_batch_size_per_gpu": config["ref"]["log_prob_micro_batch_size_per_gpu"],
+    }
+    return OmegaConf.create(config)
+
+
+@pytest.mark.usefixtures("npu_sim", "single_rank_env")
+def test_veomni_family_worker_equals_the_fsdp2_worker(tmp_path, monkeypatch):
+    """Invariants (model_engine=veomni on the engine-worker path, on the simulated Ascend device: VeOmni is
+    registered for cuda and npu only, as upstream): a worker whose actor/ref configs are the VeOmni family builds VeOmni engines for the policy and a forward-only one for the reference, with offload as
+    configured. The fake VeOmni (verl.utils.testing.fake_veomni) loads the same checkpoint and shards it with
+    FSDP2 in fp32, so the old log-probs, the reference log-probs, one PPO update's metrics and the log-probs after
+    it must equal the fsdp2 worker's on the same generated batch (1e-6: same core, same maths)."""
+    from verl.utils.testing.fake_veomni import install_fake_veomni
+    from verl.workers.engine.veomni import VeOmniEngineWithLMHead
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    recorder = install_fake_veomni(monkeypatch)
+    path = _model_dir(tmp_path)
+    results = {}
+    batch = None
+    for name, config in (("fsdp2", _config(path)), ("veomni", _veomni_config(path))):
+        worker = ActorRolloutRefWorker(config, role="actor_rollout_ref")
+        worker.init_model()
+        if name == "veomni":
+            assert isinstance(worker.actor.engine, VeOmniEngineWithLMHead)
+            assert isinstance(worker.ref.engine, VeOmniEngineWithLMHead)
+            assert worker.ref.engine.engine_config.forward_only and not worker.actor.engine.engine_config.forward_only
+            assert worker.actor.engine.is_param_offload_enabled
+            assert recorder.calls["build_foundation_model"]["weights_path"] == path
+        if batch is None:
+            batch = _generated_batch(worker)
+            batch.batch["advantages"] = torch.randn(
+                batch.batch["responses"].shape, generator=torch.Generator().manual_seed(1)
+            )
+        step = DataProto(batch=batch.batch.clone(), meta_info=dict(batch.meta_info))
+        step.batch["old_log_probs"] = worker.compute_log_prob(step).batch["old_log_probs"]
+        step.batch["ref_log_prob"] = worker.compute_ref_log_prob(step).batch["ref_log_prob"]
+        metrics = worker.update_actor(step).meta_info["metrics"]
+        results[name] = {
+            "old": step.batch["old_log_probs"].cpu(),
+            "ref": step.batch["ref_log_prob"].cpu(),
+            "after": worker.compute_log_prob(step).batch["old_log_probs"].cpu(),
+            "loss": torch.tensor(metrics["actor/pg_loss"]),
+            "grad_norm": torch.tensor(metrics["actor/grad_norm"]),
+        }
+    mask = batch.batch["response_mask"].cpu().bool()
+    assert not torch.equal(results["fsdp2"]["after"][mask], results["fsdp2"]["old"][mask])  # the update moved them
+    for key in ("old", "ref", "after"):
+        torch.testing.assert_close(results["veomni"][key][mask], results["fsdp2"][key][mask], rtol=0, atol=1e-6)
+    for key in ("loss", "grad_norm"):
+        torch.testing.assert_close(results["veomni"][key], results["fsdp2"][key], rtol=1e-6, atol=0)

@@ -128,9 +128,11 @@ class TaskRunner:
     @staticmethod
     def role_worker_mapping(config: DictConfig) -> dict:
         """Worker classes per role: the FSDP workers (legacy path) or the engine workers
-        (``trainer.use_legacy_worker_impl=disable``); both drive the same shared core."""
+        (``trainer.use_legacy_worker_impl=disable``, or ``auto`` with ``strategy=veomni``, which only the engine
+        workers run); both drive the same shared core."""
         strategy = config.actor_rollout_ref.actor.strategy
-        if config.trainer.use_legacy_worker_impl == "disable":
+        legacy = config.trainer.use_legacy_worker_impl
+        if legacy == "disable" or (legacy == "auto" and strategy == "veomni"):
             from verl.workers.engine import EngineRegistry
 
             # Fails here, on the driver, with the key named when no engine serves this strategy/device.

@@ -109,7 +109,7 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
             _join(path, key),
             f"unknown config key.{closest_names(key, fields)} Valid keys of {path or cls.__name__}: {valid}.",
         )
-    hints = _field_types(cls)
+    hints = _node_types(cls, data)
     kwargs = {key: _coerce(value, hints[key], _join(path, key)) for key, value in data.items()}
     if target:
         kwargs["_target_"] = target
@@ -117,6 +117,25 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
         return cls(**kwargs)
     except ConfigError as err:
         raise err.under(path) from None
+
+
+def _node_types(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """Field annotations for building `data`; a field annotated with a base config class whose default is a
+    subclass (`actor: ActorConfig = field(default_factory=FSDPActorConfig)`) builds a node without `_target_` as
+    that default class, so a plain `{strategy: fsdp2, fsdp_config: {...}}` is the FSDP actor it always was (a
+    `_target_` in the node still picks any subclass)."""
+    hints = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        factory, hint = f.default_factory, hints.get(f.name)
+        if (
+            isinstance(factory, type)
+            and dataclasses.is_dataclass(hint)
+            and factory is not hint
+            and issubclass(factory, hint)
+            and not (isinstance(data.get(f.name), Mapping) and data[f.name].get("_target_"))
+        ):
+            hints[f.name] = factory
+    return hints
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -288,7 +307,7 @@ def _check_token_budgets(config: Any, *, use_reference_policy: bool, use_critic:
         budgets.append((key, arr.rollout.log_prob_max_token_len_per_gpu, actor_sp))
     if use_reference_policy and arr.ref.log_prob_use_dynamic_bsz:
         key = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
-        budgets.append((key, arr.ref.log_prob_max_token_len_per_gpu, arr.ref.ulysses_sequence_parallel_size))
+        budgets.append((key, arr.ref.log_prob_max_token_len_per_gpu, arr.ref.ulysses_sp_size))
     if use_critic and config.critic.use_dynamic_bsz:
         budgets.append(("critic.ppo_max_token_len_per_gpu", config.critic.ppo_max_token_len_per_gpu, critic_sp))
         budgets.append(("critic.forward_max_token_len_per_gpu", config.critic.forward_max_token_len_per_gpu, critic_sp))

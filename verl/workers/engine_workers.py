@@ -215,7 +215,7 @@ class ActorRolloutRefWorker(Worker):
         self._is_ref = role in ("ref", "actor_rollout_ref")
         init_process_group(self.rank, self.world_size, self._local_rank, timeout_s=self.config.nccl_timeout)
         sp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-        sp = self.config.actor.ulysses_sequence_parallel_size
+        sp = self.config.actor.ulysses_sp_size
         self.dp_size, dp_rank, sp_rank = dp_sp_coordinates(self.rank, self.world_size, sp, sp_key)
         self._dp_rank = dp_rank
         for mesh_name in ("actor", "rollout", "ref"):
@@ -231,21 +231,21 @@ class ActorRolloutRefWorker(Worker):
         """Build this role's engines (policy: trainable with the PPO loss, or forward-only for a rollout-only
         worker; frozen reference) and the rollout on the policy's module."""
         cfg = self.config
-        torch.manual_seed(cfg.actor.fsdp_config.seed)
+        torch.manual_seed(cfg.actor.engine_config.seed)
         if self._is_actor or self._is_rollout:
             self.actor = self._build_policy()
         if self._is_rollout:
             self._build_rollout()
         if self._is_ref:
-            # the reference policy is frozen whatever ref.fsdp_config.forward_only says (as in the legacy worker)
-            ref_engine = replace(cfg.ref.fsdp_config, forward_only=True)
+            # the reference policy is frozen whatever its engine's forward_only says (as in the legacy worker)
+            ref_engine = replace(cfg.ref.engine_config, forward_only=True)
             ref_config = TrainingWorkerConfig("language_model", cfg.model, ref_engine)
             self.ref = TrainingWorker(ref_config, role="actor_rollout_ref.ref")
             self.ref.reset()
 
     def _build_policy(self) -> TrainingWorker:
         cfg, actor = self.config, self.config.actor
-        engine_config = actor.fsdp_config if self._is_actor else replace(actor.fsdp_config, forward_only=True)
+        engine_config = actor.engine_config if self._is_actor else replace(actor.engine_config, forward_only=True)
         optim = actor.optim if self._is_actor else None
         worker_config = TrainingWorkerConfig("language_model", cfg.model, engine_config, optim, actor.checkpoint)
         policy = TrainingWorker(worker_config, processing_class=cfg.model.tokenizer, role="actor_rollout_ref.actor")
@@ -265,7 +265,7 @@ class ActorRolloutRefWorker(Worker):
             param_offload=self.actor.engine.is_param_offload_enabled,
             world_size=self.world_size,
             rank=self.rank,
-            seed=self.config.actor.fsdp_config.seed,
+            seed=self.config.actor.engine_config.seed,
         )
 
     def _require(self, worker: Any, method: str, needed: str) -> Any:
@@ -282,7 +282,7 @@ class ActorRolloutRefWorker(Worker):
         tokenizer = self.config.model.tokenizer
         prompts.meta_info.setdefault("eos_token_id", tokenizer.eos_token_id)
         prompts.meta_info.setdefault("pad_token_id", tokenizer.pad_token_id)
-        seed = generation_seed(self.config.actor.fsdp_config.seed, prompts.meta_info, self._dp_rank)
+        seed = generation_seed(self.config.actor.engine_config.seed, prompts.meta_info, self._dp_rank)
         with self.rollout_sharding_manager, get_platform().fork_rng(seed):
             prompts = self.rollout_sharding_manager.preprocess_data(prompts)
             output = self.rollout.generate_sequences(prompts)
@@ -290,7 +290,7 @@ class ActorRolloutRefWorker(Worker):
         return output.to("cpu")
 
     def _log_prob_meta(self, data: DataProto, config: Any, key: str, calculate_entropy: bool) -> DataProto:
-        sp = self.config.actor.ulysses_sequence_parallel_size
+        sp = self.config.actor.ulysses_sp_size
         plan = forward_plan(
             key,
             config.log_prob_micro_batch_size,

@@ -5,7 +5,8 @@ Several keys in different nodes mean the same thing (the YAML interpolates one f
 they are made equal here, with the same rule everywhere (`link_keys`): the side the user changed wins,
 changing both to different values raises `ConfigError` naming both keys. The FSDP strategy is stricter:
 `actor_rollout_ref.actor.strategy` is the one key, and `ref.strategy` / `critic.strategy` may only repeat it
-(field report item 9).
+(field report item 9). With `model_engine=veomni` the actor and reference are the VeOmni family and the critic
+(there is no VeOmni value engine) runs on FSDP2.
 """
 
 from __future__ import annotations
@@ -14,21 +15,28 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.base_config import BaseConfig, ConfigError, field_default
+from verl.base_config import BaseConfig, ConfigError, field_default, require_choice
 from verl.trainer.config.algorithm import AlgoConfig
 from verl.trainer.config.data import DataConfig
 from verl.trainer.config.trainer import GlobalProfilerConfig, RayKwargsConfig, TrainerConfig
 from verl.workers.config import (
+    ActorConfig,
     FSDPActorConfig,
     FSDPCriticConfig,
     FSDPRefConfig,
     HFModelConfig,
+    RefConfig,
     RewardConfig,
     RolloutConfig,
+    VeOmniActorConfig,
+    VeOmniRefConfig,
 )
 from verl.workers.config.actor import check_sequence_parallel
 
-__all__ = ["ActorRolloutRefConfig", "PPOTrainerConfig", "link_keys"]
+__all__ = ["MODEL_ENGINES", "ActorRolloutRefConfig", "PPOTrainerConfig", "link_keys"]
+
+MODEL_ENGINES = ("dp", "veomni")
+"""Choices of the `model_engine` config group (config/model_engine/*.yaml)."""
 
 
 def _get(cfg: BaseConfig, path: str) -> Any:
@@ -101,11 +109,11 @@ class ActorRolloutRefConfig(BaseConfig):
     model: HFModelConfig = field(default_factory=HFModelConfig)
     """The policy model."""
 
-    actor: FSDPActorConfig = field(default_factory=FSDPActorConfig)
-    """Policy updates."""
+    actor: ActorConfig = field(default_factory=FSDPActorConfig)
+    """Policy updates (FSDPActorConfig, or VeOmniActorConfig with model_engine=veomni)."""
 
-    ref: FSDPRefConfig = field(default_factory=FSDPRefConfig)
-    """Reference policy (for KL)."""
+    ref: RefConfig = field(default_factory=FSDPRefConfig)
+    """Reference policy (for KL; FSDPRefConfig, or VeOmniRefConfig with model_engine=veomni)."""
 
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Generation."""
@@ -120,17 +128,27 @@ class ActorRolloutRefConfig(BaseConfig):
         link_keys(self, "rollout.n", "ref.rollout_n")
         link_keys(self, "model.use_remove_padding", "actor.use_remove_padding")
         link_keys(self, "model.use_fused_kernels", "actor.use_fused_kernels")
-        # One (dp, sp) device mesh serves actor and reference in the legacy worker.
-        link_keys(self, "actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size")
-        try:
-            check_sequence_parallel(self.ref.ulysses_sequence_parallel_size, self.model.use_remove_padding)
-        except ConfigError as err:
-            raise err.under("ref") from None
+        if isinstance(self.actor, VeOmniActorConfig) != isinstance(self.ref, VeOmniRefConfig):
+            raise ConfigError(
+                "ref",
+                f"is a {type(self.ref).__name__} next to a {type(self.actor).__name__}: actor and reference come from "
+                "one config family; select it with model_engine=dp|veomni instead of overriding one of them.",
+            )
+        if isinstance(self.ref, FSDPRefConfig):
+            # One (dp, sp) device mesh serves actor and reference in the legacy worker.
+            link_keys(self, "actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size")
+            try:
+                check_sequence_parallel(self.ref.ulysses_sequence_parallel_size, self.model.use_remove_padding)
+            except ConfigError as err:
+                raise err.under("ref") from None
 
 
 @dataclass
 class PPOTrainerConfig(BaseConfig):
     """The root of `ppo_trainer.yaml` (after the legacy reward keys are migrated into `reward`)."""
+
+    model_engine: str = "dp"
+    """Hydra config group choosing the actor/ref config family: dp (FSDP1/FSDP2) | veomni (VeOmni engine)."""
 
     data: DataConfig = field(default_factory=DataConfig)
     """Datasets and batch size."""
@@ -157,9 +175,38 @@ class PPOTrainerConfig(BaseConfig):
     """Ray options."""
 
     def __post_init__(self) -> None:
-        require_same_strategy(self, "actor_rollout_ref.actor", "critic")
+        require_choice("model_engine", self.model_engine, MODEL_ENGINES)
+        self._check_model_engine()
         link_keys(self, "data.max_prompt_length", "actor_rollout_ref.rollout.prompt_length")
         link_keys(self, "data.max_response_length", "actor_rollout_ref.rollout.response_length")
         link_keys(self, "trainer.n_gpus_per_node", "actor_rollout_ref.rollout.n_gpus_per_node")
         link_keys(self, "actor_rollout_ref.rollout.n", "critic.rollout_n")
         link_keys(self, "actor_rollout_ref.rollout.multi_turn.tool_config_path", "data.tool_config_path")
+
+    def _check_model_engine(self) -> None:
+        """The composed family matches `model_engine`; the critic follows the actor's strategy, except next to a
+        VeOmni actor, where it runs on FSDP2 (no VeOmni value engine, as upstream v0.7.1); VeOmni exists only on the
+        engine-worker path."""
+        actor = self.actor_rollout_ref.actor
+        veomni = isinstance(actor, VeOmniActorConfig)
+        if veomni != (self.model_engine == "veomni"):
+            raise ConfigError(
+                "model_engine",
+                f"({self.model_engine}) does not match the composed actor config ({type(actor).__name__}): select "
+                "the family only with model_engine=dp|veomni.",
+            )
+        if not veomni:
+            require_same_strategy(self, "actor_rollout_ref.actor", "critic")
+            return
+        if self.critic.strategy != "fsdp2":
+            raise ConfigError(
+                "critic.strategy",
+                f"({self.critic.strategy}) must be fsdp2 next to actor_rollout_ref.actor.strategy=veomni: there is no "
+                "VeOmni value engine, the critic is trained by FSDP2 (model_engine=veomni composes it so).",
+            )
+        if self.trainer.use_legacy_worker_impl == "enable":
+            raise ConfigError(
+                "trainer.use_legacy_worker_impl",
+                "(enable) selects the FSDP workers, which cannot run actor_rollout_ref.actor.strategy=veomni: use auto "
+                "or disable (the engine workers).",
+            )

@@ -13,7 +13,7 @@ Batch-size units (the most asked question about verl configs):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import ClassVar, Optional
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
 from verl.trainer.config.algorithm import check_kl_estimator
@@ -23,10 +23,12 @@ from verl.workers.config.batch import (
     mini_batch_responses_per_rank,
     validate_ppo_batch,
 )
-from verl.workers.config.engine import FSDP_STRATEGIES, FSDPEngineConfig, link_role_and_engine
+from verl.workers.config.engine import FSDP_STRATEGIES, FSDPEngineConfig, VeOmniEngineConfig, link_role_and_engine
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 
 __all__ = [
+    "VeOmniActorConfig",
+    "check_strategy_family",
     "LOSS_AGG_MODES",
     "ActorConfig",
     "FSDPActorConfig",
@@ -82,9 +84,12 @@ class ActorConfig(BaseConfig):
     # Workers rescale these to per-rank response counts once the data-parallel size is known.
     _mutable_fields = frozenset({"ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"})
 
+    STRATEGIES: ClassVar[tuple[str, ...]] = FSDP_STRATEGIES
+    """The strategies this config family serves (`veomni` has its own family: model_engine=veomni)."""
+
     strategy: str = "fsdp"
-    """fsdp (FSDP1) | fsdp2. The ONE key that selects FSDP1/FSDP2 for actor, reference policy and (by
-    interpolation) critic and every fsdp_config."""
+    """fsdp (FSDP1) | fsdp2 | veomni (with model_engine=veomni). The ONE key that selects the training backend for
+    actor, reference policy and (by interpolation) critic and every engine config."""
 
     rollout_n: int = 1
     """Responses per prompt; the YAML makes it follow actor_rollout_ref.rollout.n."""
@@ -186,7 +191,7 @@ class ActorConfig(BaseConfig):
     """Optimizer and learning-rate schedule."""
 
     def __post_init__(self) -> None:
-        require_choice("strategy", self.strategy, FSDP_STRATEGIES)
+        check_strategy_family("strategy", self.strategy, self.STRATEGIES)
         require_positive("rollout_n", self.rollout_n)
         require_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
         require_positive("ppo_epochs", self.ppo_epochs)
@@ -248,6 +253,11 @@ class ActorConfig(BaseConfig):
         """Ulysses SP size; 1 for backends without sequence parallelism."""
         return 1
 
+    @property
+    def engine_config(self) -> BaseConfig:
+        """The training-engine settings of this role (`fsdp_config` or `veomni`), read by the engine workers."""
+        raise NotImplementedError(f"{type(self).__name__} has no engine settings; use a backend subclass")
+
 
 @dataclass
 class FSDPActorConfig(ActorConfig):
@@ -282,6 +292,57 @@ class FSDPActorConfig(ActorConfig):
     @property
     def ulysses_sp_size(self) -> int:
         return self.ulysses_sequence_parallel_size
+
+    @property
+    def engine_config(self) -> FSDPEngineConfig:
+        return self.fsdp_config
+
+
+@dataclass
+class VeOmniActorConfig(ActorConfig):
+    """Actor trained with the VeOmni engine (`model_engine=veomni`: `actor/veomni_actor.yaml`, engine workers only)."""
+
+    STRATEGIES: ClassVar[tuple[str, ...]] = ("veomni",)
+
+    strategy: str = "veomni"
+    """Always veomni in this family (the engine workers look the engine up by it)."""
+
+    use_remove_padding: bool = True
+    """Packed forward; the YAML makes it follow actor_rollout_ref.model.use_remove_padding."""
+
+    veomni: VeOmniEngineConfig = field(default_factory=VeOmniEngineConfig)
+    """VeOmni engine settings (`engine/veomni.yaml`): offload, sharding, expert parallelism, kernels, entropy."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_veomni_sequence_parallel(self.veomni)
+
+    @property
+    def engine_config(self) -> VeOmniEngineConfig:
+        return self.veomni
+
+
+def check_strategy_family(key: str, strategy: str, strategies: tuple[str, ...]) -> None:
+    """`strategy` must be one this config family serves; `veomni` in the FSDP family names the group to select."""
+    if strategy == "veomni" and "veomni" not in strategies:
+        raise ConfigError(
+            key,
+            "is 'veomni', but the FSDP config family was composed: add the Hydra override model_engine=veomni "
+            "(it composes actor/ref .veomni engine settings and sets the strategy).",
+        )
+    require_choice(key, strategy, strategies)
+
+
+def check_veomni_sequence_parallel(engine: VeOmniEngineConfig) -> None:
+    """VeOmni's own Ulysses SP is not wired to the shared core's packed stream (the engine would refuse it at
+    build time, on every worker): refuse it here, before Ray starts."""
+    if engine.ulysses_parallel_size != 1:
+        raise ConfigError(
+            "veomni.ulysses_parallel_size",
+            f"({engine.ulysses_parallel_size}) > 1 is not supported by this distribution's VeOmni engine yet: set it "
+            "to 1, or use actor_rollout_ref.actor.strategy=fsdp2 with ulysses_sequence_parallel_size for long "
+            "sequences (recipes/qwen3_5/run_qwen3_5_35b_a3b_grpo_longseq.sh).",
+        )
 
 
 def check_sequence_parallel(

@@ -7,14 +7,14 @@ log-prob batch settings and a forward-only FSDP engine, but no optimizer or loss
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
-from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
-from verl.workers.config.actor import check_offload_policy
+from verl.base_config import BaseConfig, ConfigError, require_positive
+from verl.workers.config.actor import check_offload_policy, check_strategy_family, check_veomni_sequence_parallel
 from verl.workers.config.batch import check_micro_batch_settings
-from verl.workers.config.engine import FSDP_STRATEGIES, FSDPEngineConfig, link_role_and_engine
+from verl.workers.config.engine import FSDP_STRATEGIES, FSDPEngineConfig, VeOmniEngineConfig, link_role_and_engine
 
-__all__ = ["FSDPRefConfig", "RefConfig"]
+__all__ = ["FSDPRefConfig", "RefConfig", "VeOmniRefConfig"]
 
 
 @dataclass
@@ -23,6 +23,9 @@ class RefConfig(BaseConfig):
 
     # Workers rescale the global form to per-rank once the data-parallel size is known.
     _mutable_fields = frozenset({"log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"})
+
+    STRATEGIES: ClassVar[tuple[str, ...]] = FSDP_STRATEGIES
+    """The strategies this config family serves (`veomni`: VeOmniRefConfig)."""
 
     strategy: str = "fsdp"
     """The YAML makes it follow actor_rollout_ref.actor.strategy; a different value raises."""
@@ -46,7 +49,7 @@ class RefConfig(BaseConfig):
     """Token budget per GPU per forward; follows actor_rollout_ref.actor.ppo_max_token_len_per_gpu."""
 
     def __post_init__(self) -> None:
-        require_choice("strategy", self.strategy, FSDP_STRATEGIES)
+        check_strategy_family("strategy", self.strategy, self.STRATEGIES)
         require_positive("rollout_n", self.rollout_n)
         check_micro_batch_settings(
             "log_prob_micro_batch_size",
@@ -58,6 +61,16 @@ class RefConfig(BaseConfig):
             raise ConfigError(
                 "log_prob_max_token_len_per_gpu", "log_prob_use_dynamic_bsz=True needs a positive token budget."
             )
+
+    @property
+    def ulysses_sp_size(self) -> int:
+        """Ulysses SP size of the reference's forward; 1 for backends without sequence parallelism."""
+        return 1
+
+    @property
+    def engine_config(self) -> BaseConfig:
+        """The forward-only engine settings of the reference (`fsdp_config` or `veomni`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no engine settings; use a backend subclass")
 
 
 @dataclass
@@ -84,3 +97,32 @@ class FSDPRefConfig(RefConfig):
         require_positive("entropy_from_logits_chunk_size", self.entropy_from_logits_chunk_size)
         link_role_and_engine(self, "fsdp_config")
         check_offload_policy(self.fsdp_config, self.strategy)
+
+    @property
+    def ulysses_sp_size(self) -> int:
+        return self.ulysses_sequence_parallel_size
+
+    @property
+    def engine_config(self) -> FSDPEngineConfig:
+        return self.fsdp_config
+
+
+@dataclass
+class VeOmniRefConfig(RefConfig):
+    """Reference policy built by the VeOmni engine (`model_engine=veomni`: `ref/veomni_ref.yaml`)."""
+
+    STRATEGIES: ClassVar[tuple[str, ...]] = ("veomni",)
+
+    strategy: str = "veomni"
+    """Follows actor_rollout_ref.actor.strategy (veomni in this family)."""
+
+    veomni: VeOmniEngineConfig = field(default_factory=lambda: VeOmniEngineConfig(forward_only=True))
+    """Forward-only VeOmni engine; its kernel choices are the reference's own (not inherited from the actor)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_veomni_sequence_parallel(self.veomni)
+
+    @property
+    def engine_config(self) -> VeOmniEngineConfig:
+        return self.veomni

@@ -1,4 +1,5 @@
-"""VeOmni engine settings (``*.veomni``, upstream ``engine/veomni.yaml``) and their mapping onto VeOmni's API.
+"""The mapping of the VeOmni engine settings (``*.veomni``: :class:`verl.workers.config.VeOmniEngineConfig`,
+``engine/veomni.yaml``) onto VeOmni's API.
 
 VeOmni's entry points changed keyword names between releases (``ep_size`` vs ``extra_parallel_sizes``,
 ``mixed_precision=MixedPrecisionConfig(...)`` vs ``enable_mixed_precision``, ``enable_full_shard`` vs
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
+from verl.base_config import ConfigError
+from verl.workers.config.engine import VEOMNI_TORCH_DTYPES, VeOmniEngineConfig
 
 __all__ = [
     "ParallelSizes",
@@ -38,129 +40,6 @@ _OP_FIELDS = (
     "chunk_gated_delta_rule_implementation",
     "load_balancing_loss_implementation",
 )
-_TORCH_DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
-
-
-@dataclass
-class VeOmniEngineConfig(BaseConfig):
-    """Engine settings of ``strategy=veomni`` (FSDP2 + Ulysses + expert parallelism built by VeOmni)."""
-
-    strategy: str = "veomni"
-    """Always veomni (the role's strategy key selects this engine)."""
-
-    param_offload: bool = False
-    """Move parameters to the CPU between phases."""
-
-    optimizer_offload: bool = False
-    """Move optimizer state to the CPU between updates."""
-
-    offload_policy: bool = False
-    """Kept for the engine interface; VeOmni's own CPU offload is ``enable_fsdp_offload``."""
-
-    forward_only: bool = False
-    """Reference policy: no optimizer."""
-
-    seed: int = 42
-    """Seed for initialisation."""
-
-    fsdp_size: int = -1
-    """Ranks per FSDP shard group (hybrid sharding); -1 = all data-parallel ranks."""
-
-    ulysses_parallel_size: int = 1
-    """Ulysses sequence-parallel size."""
-
-    expert_parallel_size: int = 1
-    """Expert-parallel size of MoE layers."""
-
-    mixed_precision: bool = True
-    """fp32 master weights with bf16 compute."""
-
-    model_dtype: str = "bf16"
-    """dtype the weights are loaded in (bf16 | fp32); mixed precision upcasts the masters to fp32."""
-
-    init_device: str = "meta"
-    """Where the model is created before sharding: meta (no memory until sharded) | cpu | cuda | npu."""
-
-    enable_full_shard: bool = True
-    """ZeRO-3 (reshard after forward); false keeps gathered parameters until backward."""
-
-    enable_fsdp_offload: bool = False
-    """VeOmni's FSDP2 CPU offload of parameters."""
-
-    enable_reentrant: bool = False
-    """Re-entrant activation checkpointing."""
-
-    forward_prefetch: bool = True
-    """Prefetch the next layer's all-gather."""
-
-    use_torch_compile: bool = False
-    """torch.compile the entropy kernels (unused by the shared core)."""
-
-    ckpt_manager: str = "dcp"
-    """Upstream's checkpoint format; this engine writes DCP-style sharded state dicts through FSDPCheckpointManager."""
-
-    entropy_from_logits_with_chunking: bool = False
-    """Chunked log-prob/entropy instead of the fused LM head."""
-
-    entropy_from_logits_chunk_size: int = 2048
-    """Tokens per chunk."""
-
-    entropy_checkpointing: bool = False
-    """Recompute entropy in backward."""
-
-    attn_implementation: str = "flash_attention_2"
-    """Attention kernel; with Ulysses > 1 a flash-attention name becomes ``veomni_<name>_with_sp``."""
-
-    moe_implementation: str = "fused"
-    """MoE experts kernel (fused GroupGEMM; VeOmni maps it to fused_npu on Ascend)."""
-
-    cross_entropy_loss_implementation: str = "eager"
-    """VeOmni cross-entropy kernel (the shared core computes log-probs itself)."""
-
-    rms_norm_implementation: str = "eager"
-    """RMSNorm kernel."""
-
-    swiglu_mlp_implementation: str = "eager"
-    """SwiGLU MLP kernel (must be eager on NPU)."""
-
-    rotary_pos_emb_implementation: str = "eager"
-    """RoPE kernel."""
-
-    rms_norm_gated_implementation: str = "eager"
-    """Qwen3.5 gated RMSNorm kernel (npu on Ascend)."""
-
-    causal_conv1d_implementation: str = "eager"
-    """Qwen3.5 GDN causal conv1d kernel (npu on Ascend)."""
-
-    chunk_gated_delta_rule_implementation: str = "eager"
-    """Qwen3.5 GDN chunk kernel (npu | npu_ascendc on Ascend)."""
-
-    load_balancing_loss_implementation: str = "eager"
-    """MoE load-balancing loss kernel."""
-
-    force_use_huggingface: bool = False
-    """Build the plain HF model class instead of VeOmni's patched one."""
-
-    activation_gpu_limit: float = 0.0
-    """GiB of activations kept on the device before VeOmni's activation offload starts (0 = off)."""
-
-    basic_modules: list[str] = field(default_factory=list)
-    """Extra module class names sharded as FSDP units, added to the model's ``_no_split_modules``."""
-
-    def __post_init__(self) -> None:
-        require_choice("strategy", self.strategy, ("veomni",))
-        require_positive("ulysses_parallel_size", self.ulysses_parallel_size)
-        require_positive("expert_parallel_size", self.expert_parallel_size)
-        require_positive("entropy_from_logits_chunk_size", self.entropy_from_logits_chunk_size)
-        require_choice("init_device", self.init_device, ("meta", "cpu", "cuda", "npu"))
-        require_choice("model_dtype", self.model_dtype, tuple(_TORCH_DTYPE_NAMES))
-        if self.fsdp_size == 0 or self.fsdp_size < -1:
-            raise ConfigError("fsdp_size", f"must be -1 (all ranks) or a positive group size, got {self.fsdp_size}.")
-
-    @property
-    def ulysses_sequence_parallel_size(self) -> int:
-        """The FSDP engine's name of ``ulysses_parallel_size``."""
-        return self.ulysses_parallel_size
 
 
 @dataclass(frozen=True)
@@ -240,7 +119,7 @@ def foundation_model_kwargs(
     return {
         "config_path": config_path,
         "weights_path": model_path,
-        "torch_dtype": _TORCH_DTYPE_NAMES[config.model_dtype],
+        "torch_dtype": VEOMNI_TORCH_DTYPES[config.model_dtype],
         "init_device": config.init_device,
         "ops_implementation": ops_implementation,
         "force_use_huggingface": config.force_use_huggingface,
