@@ -228,7 +228,8 @@ def validate_config(config: Any, use_reference_policy: bool, use_critic: bool) -
        divisible by n_gpus; actor (and critic) mini/micro batch sizes (`ActorConfig.validate`); the log-prob
        micro-batch of rollout (and ref) set unless dynamic batching; token budgets large enough for one
        sequence with dynamic batching.
-    4. Features this distribution does not ship (model-based reward serving).
+    4. Features this distribution does not ship (model-based reward serving, and the upstream keys listed in
+       `verl.utils.config_support`: refused when ignoring them would change results, reported otherwise).
 
     `config` is the Hydra DictConfig (legacy reward keys are migrated on a copy) or a `PPOTrainerConfig`.
     Returns the typed `PPOTrainerConfig` so callers can use it instead of the DictConfig.
@@ -322,12 +323,16 @@ def _check_token_budgets(config: Any, *, use_reference_policy: bool, use_critic:
 
 
 def _check_supported_features(config: Any) -> None:
+    from verl.utils.config_support import check_supported_features, report_inert_settings
+
     if config.reward.reward_model.enable:
         raise ConfigError(
             "reward.reward_model.enable",
             "model-based reward serving is not supported by this distribution; use a rule-based reward "
             "(reward.custom_reward_function.path, or the built-in scores by data_source).",
         )
+    check_supported_features(config)
+    report_inert_settings(config)
 
 
 def _warn_deprecated(config: Any) -> None:

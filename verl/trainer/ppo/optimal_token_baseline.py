@@ -6,7 +6,8 @@ to the same prompt::
     B_t = Σ_i G_{i,t} · W_{i,t} / (Σ_i W_{i,t} + ε)          A_{i,t} = G_{i,t} − B_t
 
 G_{i,t} is the reward-to-go and W_{i,t} = Σ_{j ≤ t} w_{i,j} the accumulated path-variance proxy, with
-w = ‖∇log π‖² ≈ 1 − 2π(y_t) + Σ_v π(v)² per token (Σπ² comes from the actor, ``actor.calculate_sum_pi_squared``).
+w = ‖∇log π‖² ≈ 1 − 2π(y_t) + Σ_v π(v)² per token (Σπ² is an input: the caller computes it, e.g. with
+``verl.utils.torch_functional.calculate_sum_pi_squared_from_logits``; the trainer here does not).
 With rollout importance weights ρ the per-token weight becomes ρ²·w. Groups of one get no baseline (A = G).
 ``handle_zero_tail``: past the second-longest response of a group, the longest one is alone, so its baseline
 there would be its own return; it is set to 0 instead.
@@ -38,7 +39,10 @@ def _returns_and_path_weights(
     """Validate inputs; return reward-to-go G and accumulated weights W (zero where masked), both ``(bs, T)``."""
     if sum_pi_squared is None:
         raise ValueError(
-            f"{where} needs sum_pi_squared (Σπ² per token); set actor_rollout_ref.actor.calculate_sum_pi_squared=True."
+            f"{where} needs sum_pi_squared (Σπ² per token, e.g. from "
+            "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits); the trainer of this distribution does "
+            "not compute it (actor_rollout_ref.actor.calculate_sum_pi_squared is refused), so call the estimator "
+            "with it yourself."
         )
     check_2d(where, "token_level_rewards", token_level_rewards)
     check_same_shape(

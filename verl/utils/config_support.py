@@ -1,0 +1,155 @@
+"""Upstream config keys this distribution accepts but does not implement: refused or reported before Ray starts.
+
+Users bring upstream scripts unchanged, so every upstream key parses. A key whose feature is missing here must not
+be ignored silently, and what happens depends on what ignoring it would do:
+
+* it would change what is trained or computed (a frozen vision tower trained anyway, an importance-sampling
+  correction not applied, LoRA trained as full fine-tuning): ``check_supported_features`` raises ``ConfigError``
+  naming the key and what to do;
+* it only tunes speed, memory, logging or debugging, so results are the same without it:
+  ``report_inert_settings`` logs one warning naming every such key that is set, and returns them.
+
+Both look only at values that differ from the default; a default config passes silently. The tables are the
+one place to look (and to edit when a feature lands: delete its row and add the test that proves the feature).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from verl.base_config import ConfigError
+
+__all__ = ["INERT_SETTINGS", "UNSUPPORTED_FEATURES", "Setting", "check_supported_features", "report_inert_settings"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """``key`` (dotted path from the config root) is in use when ``in_use(value)``; ``note`` says what to do."""
+
+    key: str
+    in_use: Callable[[Any], bool]
+    note: str
+
+
+def _true(value: Any) -> bool:
+    return bool(value)
+
+
+def _set(value: Any) -> bool:
+    return value is not None
+
+
+_ROLLOUT_CORRECTION = (
+    "algorithm.rollout_correction (rollout/training mismatch correction) is not wired into the trainer of this "
+    "distribution; set it back to null/false. For rollout/training consistency use the same dtype and kernels in "
+    "both, and check the metric training/rollout_probs_diff"
+)
+
+UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
+    Setting(
+        "actor_rollout_ref.actor.freeze_vision_tower",
+        _true,
+        "freezing the vision tower is not implemented: the tower would be trained; remove the override",
+    ),
+    Setting(
+        "actor_rollout_ref.actor.calculate_sum_pi_squared",
+        _true,
+        "the actors do not compute the per-token sum of squared probabilities (needed by the optimal-token-baseline "
+        "estimators); remove the override and use grpo, rloo, gae or another estimator",
+    ),
+    Setting(
+        "algorithm.adv_estimator",
+        lambda v: v in ("optimal_token_baseline", "tir_optimal_token_baseline"),
+        "needs actor_rollout_ref.actor.calculate_sum_pi_squared, which the actors here do not compute; use grpo, "
+        "rloo, gae or another estimator",
+    ),
+    Setting(
+        "actor_rollout_ref.actor.router_replay.mode",
+        lambda v: v != "disabled",
+        "MoE routing replay is not implemented: training would route tokens on its own; set it to disabled",
+    ),
+    Setting(
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay",
+        _true,
+        "MoE routing replay is not implemented: the rollout does not record its routing; set it to false",
+    ),
+    Setting("algorithm.rollout_correction.rollout_is", _set, _ROLLOUT_CORRECTION),
+    Setting("algorithm.rollout_correction.rollout_rs", _set, _ROLLOUT_CORRECTION),
+    Setting("algorithm.rollout_correction.bypass_mode", _true, _ROLLOUT_CORRECTION),
+    Setting(
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        lambda v: v == "bypass_mode",
+        "bypass_mode needs algorithm.rollout_correction, which is not wired into the trainer here; use vanilla",
+    ),
+    Setting(
+        "actor_rollout_ref.model.lora_rank",
+        lambda v: v > 0,
+        "LoRA is not implemented: the model would be fully fine-tuned; set lora_rank=0",
+    ),
+    Setting("actor_rollout_ref.model.lora_adapter_path", _set, "LoRA is not implemented; remove the adapter path"),
+    Setting("critic.model.lora_rank", lambda v: v > 0, "LoRA is not implemented; set lora_rank=0"),
+    Setting(
+        "actor_rollout_ref.rollout.multi_turn.enable",
+        _true,
+        "multi-turn / tool-calling rollouts are not implemented: responses would be single-turn; set it to false",
+    ),
+    Setting(
+        "actor_rollout_ref.rollout.quantization_config_file",
+        _set,
+        "rollout quantization is not implemented: the rollout would run unquantized; remove the file",
+    ),
+)
+"""Features whose absence would change what is trained: refused."""
+
+INERT_SETTINGS: tuple[Setting, ...] = (
+    Setting("actor_rollout_ref.model.use_liger", _true, "Liger kernels are not used (same maths, no speed-up)"),
+    Setting("actor_rollout_ref.model.tiled_mlp.enabled", _true, "the MLP is not tiled (more activation memory)"),
+    Setting("actor_rollout_ref.model.use_shm", _true, "the model is read from its path, not copied to /dev/shm"),
+    Setting("critic.model.use_shm", _true, "the critic model is read from its path, not copied to /dev/shm"),
+    Setting("data.use_shm", _true, "data files are read from their paths, not copied to /dev/shm"),
+    Setting("actor_rollout_ref.actor.use_prefix_grouper", _true, "shared prompts are not grouped (same maths)"),
+    Setting("actor_rollout_ref.actor.checkpoint.async_save", _true, "checkpoints are written synchronously"),
+    Setting("actor_rollout_ref.rollout.layered_summon", _true, "weights are synced to the rollout in one pass"),
+    Setting("actor_rollout_ref.rollout.multi_stage_wake_up", _true, "the rollout engine wakes up in one stage"),
+    Setting("actor_rollout_ref.rollout.over_sample_rate", lambda v: v > 0, "no requests are over-sampled"),
+    Setting("actor_rollout_ref.rollout.skip_rollout", _true, "every step generates (no dump/replay)"),
+    Setting("trainer.log_val_generations", lambda v: v > 0, "validation generations are not logged"),
+    Setting("trainer.validation_data_dir", _set, "validation generations are not dumped"),
+)
+"""Knobs of speed, memory, logging or debugging: reported once, results unchanged."""
+
+
+def _value(config: Any, key: str) -> Any:
+    node = config
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _in_use(config: Any, settings: tuple[Setting, ...]) -> list[tuple[Setting, Any]]:
+    used = []
+    for setting in settings:
+        value = _value(config, setting.key)
+        if setting.in_use(value):
+            used.append((setting, value))
+    return used
+
+
+def check_supported_features(config: Any) -> None:
+    """Raise ``ConfigError`` for the first key of ``UNSUPPORTED_FEATURES`` in use in the typed ``config``."""
+    for setting, value in _in_use(config, UNSUPPORTED_FEATURES):
+        raise ConfigError(setting.key, f"({value!r}): {setting.note}.")
+
+
+def report_inert_settings(config: Any) -> list[str]:
+    """Log one warning listing the keys of ``INERT_SETTINGS`` in use (results unchanged); returns those keys."""
+    used = _in_use(config, INERT_SETTINGS)
+    if used:
+        lines = "\n".join(f"  {s.key}={v!r}: {s.note}" for s, v in used)
+        logger.warning("These settings have no effect in this distribution (results are unchanged):\n%s", lines)
+    return [s.key for s, _ in used]
