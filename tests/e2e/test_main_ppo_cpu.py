@@ -86,8 +86,31 @@ def test_grpo_quickstart_learns(assets, tmp_path):
     assert last >= first + 0.3, f"no visible learning: first 5 steps {first:.3f}, last 5 steps {last:.3f}: {scores}"
 
 
+_CURRICULUM = """
+from verl.experimental.dataset.sampler import AbstractCurriculumSampler
+
+
+class LoggingReversed(AbstractCurriculumSampler):
+    def __init__(self, data_source, data_config):
+        self.n = len(data_source)
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+    def __len__(self):
+        return self.n
+
+    def update(self, batch):
+        with open(__file__ + ".updates", "a") as f:
+            f.write(f"{len(batch)} {float(batch.batch['token_level_rewards'].sum(-1).mean()):.6f}\\n")
+"""
+
+
 def test_ppo_with_critic_runs(assets, tmp_path):
-    """GAE with a critic: values, critic update and the critic metrics appear in every step; rollouts are dumped."""
+    """GAE with a critic: values, critic update and the critic metrics appear in every step; rollouts are dumped.
+    The run uses a user curriculum sampler (data.sampler): the trainer hands it every finished step's batch."""
+    sampler_file = tmp_path / "curriculum.py"
+    sampler_file.write_text(_CURRICULUM)
     _run(
         _command(
             assets,
@@ -96,12 +119,19 @@ def test_ppo_with_critic_runs(assets, tmp_path):
             "trainer.total_training_steps=2",
             "trainer.val_before_train=False",
             f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+            f"data.sampler.class_path={sampler_file}",
+            "data.sampler.class_name=LoggingReversed",
         )
     )
     metrics = _metrics(tmp_path)
     assert sorted(metrics) == [1, 2]
     for step in (1, 2):
         assert "critic/vf_loss" in metrics[step] and "critic/values/mean" in metrics[step]
+    # one update per step with the step's 8 prompts x n=8 responses and their rewards (mean = the logged score)
+    updates = [line.split() for line in Path(f"{sampler_file}.updates").read_text().splitlines()]
+    assert [int(n) for n, _ in updates] == [64, 64]
+    for step, (_, reward) in zip((1, 2), updates, strict=True):
+        assert float(reward) == pytest.approx(metrics[step]["critic/rewards/mean"], abs=1e-5)
     # trainer.rollout_data_dir: one JSON line per sample (8 prompts x n=8) per step, with its score.
     dumped = [json.loads(line) for line in (tmp_path / "rollouts" / "2.jsonl").read_text().splitlines()]
     assert len(dumped) == 64 and {"input", "output", "score", "step"} <= set(dumped[0])

@@ -180,16 +180,39 @@ def create_rl_dataset(data_paths, data_config, tokenizer, processor, is_train: b
 
 
 def create_rl_sampler(data_config, dataset):
-    """Seeded, checkpointable random sampler (``data.shuffle``), else sequential; resume keeps the data order."""
+    """The user sampler of ``data.sampler.class_path``/``class_name`` (a subclass of
+    :class:`verl.experimental.dataset.sampler.AbstractSampler`, built as ``cls(data_source=dataset,
+    data_config=data_config)``); else a seeded, checkpointable random sampler (``data.shuffle``); else sequential.
+    Resume keeps the data order of the built-in samplers."""
     import torch
     from torch.utils.data import SequentialSampler
     from torchdata.stateful_dataloader.sampler import RandomSampler
 
+    custom = data_config.get("sampler") if hasattr(data_config, "get") else getattr(data_config, "sampler", None)
+    if custom is not None and custom.class_path is not None:
+        return _custom_sampler(custom.class_path, custom.class_name, data_config, dataset)
     if data_config.shuffle:
         generator = torch.Generator()
         generator.manual_seed(data_config.seed if data_config.seed is not None else 1)
         return RandomSampler(data_source=dataset, generator=generator)
     return SequentialSampler(data_source=dataset)
+
+
+def _custom_sampler(class_path: str, class_name, data_config, dataset):
+    from verl.base_config import ConfigError
+    from verl.experimental.dataset.sampler import AbstractSampler
+    from verl.utils.import_utils import load_extern_type
+
+    if not class_name:
+        raise ConfigError("data.sampler.class_name", f"is not set: name the sampler class defined in {class_path}.")
+    cls = load_extern_type(class_path, class_name)
+    if not (isinstance(cls, type) and issubclass(cls, AbstractSampler)):
+        raise ConfigError(
+            "data.sampler.class_name",
+            f"({class_name} in {class_path}) must subclass verl.experimental.dataset.sampler.AbstractSampler "
+            "(or AbstractCurriculumSampler) and take (data_source, data_config).",
+        )
+    return cls(data_source=dataset, data_config=data_config)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@
        │ 6 advantages      core_algos estimator by name          (driver, CPU)
        │ 7 update critic   critic.update_critic
        │ 8 update actor    actor_rollout.update_actor
-       │ 9 log / validate / checkpoint
+       │ 9 curriculum      sampler.update(batch)                 (if data.sampler is a curriculum sampler)
+       │ 10 log / validate / checkpoint
 
 The driver holds the data (``DataProto`` on CPU); workers are reached only through their ``@register``-ed
 methods, via the typed facades of :mod:`verl.trainer.ppo.worker_groups`.
@@ -311,6 +312,7 @@ class RayPPOTrainer:
                     batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
                     out = self.actor_rollout_wg.update_actor(batch)  # 8
                     metrics.update(reduce_metrics(out.meta_info["metrics"]))
+            self._update_curriculum(batch)  # 9
         self._dump_rollouts(batch)
         metrics["training/global_step"] = self.global_steps
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
@@ -319,6 +321,14 @@ class RayPPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ steps
+    def _update_curriculum(self, batch: DataProto) -> None:
+        """A curriculum sampler (``data.sampler``) sees every finished step before the next batch is drawn."""
+        from verl.experimental.dataset.sampler import AbstractCurriculumSampler
+
+        sampler = getattr(self.train_dataloader, "sampler", None)
+        if isinstance(sampler, AbstractCurriculumSampler):
+            sampler.update(batch=batch)
+
     def _generate(self, batch: DataProto) -> DataProto:
         """Step 1: n responses per prompt; returns the prompt batch repeated n times joined with the responses."""
         rollout_n = self.config.actor_rollout_ref.rollout.n

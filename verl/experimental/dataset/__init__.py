@@ -1,0 +1,1 @@
+"""Dataset-side extension points (custom samplers)."""
