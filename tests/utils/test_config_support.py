@@ -41,6 +41,10 @@ REFUSED = {
     "actor_rollout_ref.model.lora_adapter_path": "/adapters/a",
     "critic.model.lora_rank": "8",
     "actor_rollout_ref.rollout.multi_turn.enable": "true",
+    "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": "/loops.yaml",
+    "actor_rollout_ref.rollout.agent.custom_async_server.path": "/server.py",
+    "data.datagen.path": "/gen.py",
     "actor_rollout_ref.rollout.quantization_config_file": "/q.json",
 }
 INERT = {

@@ -99,6 +99,26 @@ UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
         "multi-turn / tool-calling rollouts are not implemented: responses would be single-turn; set it to false",
     ),
     Setting(
+        "actor_rollout_ref.rollout.agent.default_agent_loop",
+        lambda v: v != "single_turn_agent",
+        "agent loops are not implemented: generation is single-turn; use single_turn_agent",
+    ),
+    Setting(
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path",
+        _set,
+        "agent loops are not implemented: generation is single-turn; remove the file",
+    ),
+    Setting(
+        "actor_rollout_ref.rollout.agent.custom_async_server.path",
+        _set,
+        "a custom async rollout server is not supported: the configured rollout (rollout.name) generates; remove it",
+    ),
+    Setting(
+        "data.datagen.path",
+        _set,
+        "dynamic data generation is not implemented: the training set would stay as loaded; remove it",
+    ),
+    Setting(
         "actor_rollout_ref.rollout.quantization_config_file",
         _set,
         "rollout quantization is not implemented: the rollout would run unquantized; remove the file",
