@@ -28,7 +28,6 @@ GOOD = [
 
 # one override per refused key: the value a user script would set
 REFUSED = {
-    "actor_rollout_ref.actor.freeze_vision_tower": "true",
     "actor_rollout_ref.actor.calculate_sum_pi_squared": "true",
     "algorithm.adv_estimator": "optimal_token_baseline",
     "actor_rollout_ref.actor.router_replay.mode": "R3",

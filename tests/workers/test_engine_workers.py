@@ -318,3 +318,23 @@ def test_veomni_family_worker_equals_the_fsdp2_worker(tmp_path, monkeypatch):
         torch.testing.assert_close(results["veomni"][key][mask], results["fsdp2"][key][mask], rtol=0, atol=1e-6)
     for key in ("loss", "grad_norm"):
         torch.testing.assert_close(results["veomni"][key], results["fsdp2"][key], rtol=1e-6, atol=0)
+
+
+@pytest.mark.usefixtures("single_rank_env")
+@pytest.mark.parametrize("path", ["engine", "legacy"])
+def test_freeze_vision_tower_reaches_the_model_build_on_both_worker_paths(tmp_path, path):
+    """Invariant: actor.freeze_vision_tower reaches build_fsdp_model on the engine and the legacy worker path (the
+    freezing itself: tests/workers/core/test_fsdp_model.py). Shown with a text-only model, which is refused naming
+    the key instead of silently freezing nothing."""
+    from verl.base_config import ConfigError
+
+    if path == "engine":
+        from verl.workers.engine_workers import ActorRolloutRefWorker
+    else:
+        from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    worker = ActorRolloutRefWorker(_config(_model_dir(tmp_path), freeze_vision_tower=True), role="actor")
+    with pytest.raises(
+        ConfigError, match=r"actor_rollout_ref\.actor\.freeze_vision_tower: is set but Qwen2ForCausalLM"
+    ):
+        worker.init_model()

@@ -52,11 +52,6 @@ _ROLLOUT_CORRECTION = (
 
 UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
     Setting(
-        "actor_rollout_ref.actor.freeze_vision_tower",
-        _true,
-        "freezing the vision tower is not implemented: the tower would be trained; remove the override",
-    ),
-    Setting(
         "actor_rollout_ref.actor.calculate_sum_pi_squared",
         _true,
         "the actors do not compute the per-token sum of squared probabilities (needed by the optimal-token-baseline "

@@ -18,6 +18,8 @@ __all__ = [
     "attach_value_head",
     "compute_position_id_with_mask",
     "default_attn_implementation",
+    "find_vision_tower",
+    "freeze_vision_tower",
     "get_generation_config",
     "get_model_size",
     "load_causal_lm",
@@ -112,6 +114,35 @@ def load_causal_lm(path: str, config: Any, *, dtype: torch.dtype, trust_remote_c
 
     auto = AutoModelForImageTextToText if _is_multimodal(config) else AutoModelForCausalLM
     return auto.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+_VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
+
+
+def find_vision_tower(model: nn.Module) -> nn.Module | None:
+    """The vision encoder of a multimodal HF model (``model.visual`` for Qwen-VL / Qwen3.5, ``vision_tower`` for
+    LLaVA-style models; on the model or its backbone ``model.model``), or None for a text-only model."""
+    for owner in (model, getattr(model, "model", None)):
+        for name in _VISION_TOWER_NAMES:
+            tower = getattr(owner, name, None) if owner is not None else None
+            if isinstance(tower, nn.Module):
+                return tower
+    return None
+
+
+def freeze_vision_tower(model: nn.Module, key: str = "actor_rollout_ref.actor.freeze_vision_tower") -> int:
+    """``requires_grad_(False)`` on the vision encoder (before sharding); returns the number of frozen tensors.
+
+    Raises:
+        ConfigError: naming ``key`` when the model has no vision tower (freezing nothing would be a silent no-op).
+    """
+    from verl.base_config import ConfigError
+
+    tower = find_vision_tower(model)
+    if tower is None:
+        raise ConfigError(key, f"is set but {type(model).__name__} has no vision tower; remove the override.")
+    tower.requires_grad_(False)
+    return sum(1 for _ in tower.parameters())
 
 
 def _hidden_size(config: Any) -> int:

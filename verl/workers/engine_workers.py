@@ -94,9 +94,16 @@ class TrainingWorker(Worker):
         config: see :class:`TrainingWorkerConfig`.
         processing_class: tokenizer written next to HF checkpoints.
         role: config-key prefix of the role, for error messages (e.g. ``critic``).
+        freeze_vision_tower: do not train the model's vision encoder (the actor's ``freeze_vision_tower``).
     """
 
-    def __init__(self, config: TrainingWorkerConfig, processing_class: Any = None, role: str = "train"):
+    def __init__(
+        self,
+        config: TrainingWorkerConfig,
+        processing_class: Any = None,
+        role: str = "train",
+        freeze_vision_tower: bool = False,
+    ):
         super().__init__()
         init_process_group(self.rank, self.world_size, self._local_rank)
         self.config = config
@@ -109,6 +116,7 @@ class TrainingWorker(Worker):
             config.checkpoint_config,
             processing_class=processing_class,
             role=role,
+            **({"freeze_vision_tower": True} if freeze_vision_tower else {}),
         )
         self._register_dispatch_collect_info(
             "train", self.engine.get_data_parallel_rank(), self.engine.is_mp_src_rank_with_outputs()
@@ -248,7 +256,12 @@ class ActorRolloutRefWorker(Worker):
         engine_config = actor.engine_config if self._is_actor else replace(actor.engine_config, forward_only=True)
         optim = actor.optim if self._is_actor else None
         worker_config = TrainingWorkerConfig("language_model", cfg.model, engine_config, optim, actor.checkpoint)
-        policy = TrainingWorker(worker_config, processing_class=cfg.model.tokenizer, role="actor_rollout_ref.actor")
+        policy = TrainingWorker(
+            worker_config,
+            processing_class=cfg.model.tokenizer,
+            role="actor_rollout_ref.actor",
+            freeze_vision_tower=self._is_actor and actor.freeze_vision_tower,
+        )
         policy.reset()
         if self._is_actor:
             policy.set_loss_fn(partial(ppo_loss, actor))

@@ -200,6 +200,7 @@ class ActorRolloutRefWorker(Worker):
             optim_config=self.actor_config.optim if self._is_actor else None,
             forward_only=not self._is_actor,
             role="actor_rollout_ref.actor",
+            freeze_vision_tower=self._is_actor and self.actor_config.freeze_vision_tower,
         )
         self.actor_module_fsdp, self.actor_optimizer, self.actor_lr_scheduler = (
             built.module, built.optimizer, built.lr_scheduler,

@@ -36,6 +36,7 @@ from verl.utils.model import (
     print_model_size,
     untie_word_embeddings,
 )
+from verl.utils.model import freeze_vision_tower as _freeze_vision_tower
 from verl.workers.core.optimizer_step import build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ def build_fsdp_model(
     forward_only: bool = False,
     value_head: bool = False,
     role: str = "actor",
+    freeze_vision_tower: bool = False,
 ) -> FSDPModel:
     """Build, patch and wrap a model for ``role``.
 
@@ -100,6 +102,9 @@ def build_fsdp_model(
         optim_config: the role's ``optim``; None builds no optimizer.
         forward_only: reference policy: no gradients, no checkpointing, parameters offloaded between uses.
         value_head: build a value model (see ``verl.utils.model.attach_value_head``).
+        freeze_vision_tower: do not train the vision encoder (``actor.freeze_vision_tower``): its parameters are
+            frozen before sharding; FSDP1 then keeps the original parameters (``use_orig_params``), since one flat
+            parameter cannot mix frozen and trainable tensors.
     """
     adapter = get_fsdp_adapter(strategy, f"{role}.strategy")
     adapter.check_options(fsdp_config, f"{role}.model.fsdp_config" if value_head else f"{role}.fsdp_config")
@@ -112,6 +117,10 @@ def build_fsdp_model(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if forward_only:
         model.requires_grad_(False)
+    elif freeze_vision_tower:
+        frozen = _freeze_vision_tower(model, f"{role}.freeze_vision_tower")
+        if _rank() == 0:
+            logger.info("%s: vision tower frozen (%d tensors)", role, frozen)
     module = adapter.wrap(
         model,
         mesh=mesh,
@@ -122,7 +131,7 @@ def build_fsdp_model(
         offload_params=fsdp_config.offload_policy or (forward_only and get_device_name() != "cpu"),
         reshard_after_forward=fsdp_config.reshard_after_forward,
         forward_prefetch=fsdp_config.forward_prefetch,
-        use_orig_params=fsdp_config.use_orig_params,
+        use_orig_params=fsdp_config.use_orig_params or (freeze_vision_tower and not forward_only),
     )
     if _rank() == 0:
         # what the wrapper really does (not what was asked): mesh, dtypes, offload, resharding, prefetch

@@ -59,6 +59,8 @@ class FSDPEngine(BaseEngine):
         optimizer_config: ``FSDPOptimizerConfig``; None for a forward-only engine (reference policy).
         checkpoint_config: ``CheckpointConfig`` (``save_contents``/``load_contents``).
         processing_class: tokenizer/processor written next to HF checkpoints.
+        role: config-key prefix of the role, for error messages.
+        freeze_vision_tower: the role's ``freeze_vision_tower`` (see ``build_fsdp_model``); ignored when forward-only.
     """
 
     model_type = ""  # "language_model" | "value_model", set by the concrete classes
@@ -72,6 +74,7 @@ class FSDPEngine(BaseEngine):
         *,
         processing_class: Any = None,
         role: str = "actor_rollout_ref.actor",
+        freeze_vision_tower: bool = False,
     ):
         self.strategy = self._check_strategy(engine_config.strategy)
         if model_config.lora_rank > 0:
@@ -84,6 +87,7 @@ class FSDPEngine(BaseEngine):
         self.checkpoint_config = checkpoint_config
         self.processing_class = processing_class
         self.role = role
+        self.freeze_vision_tower = freeze_vision_tower and not engine_config.forward_only
         self.layout = DataSequenceLayout.from_world(
             engine_config.ulysses_sequence_parallel_size, f"{role}.ulysses_sequence_parallel_size"
         )
@@ -131,6 +135,7 @@ class FSDPEngine(BaseEngine):
             forward_only=forward_only,
             value_head=self.model_type == "value_model",
             role=self.role,
+            freeze_vision_tower=self.freeze_vision_tower,
         )
 
     @property

@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from verl.models.transformers.packed_forward import VARLEN_PATCHED_ATTR
 from verl.utils.device import get_device_name
+from verl.utils.model import freeze_vision_tower
 from verl.workers.core.fsdp_model import FSDPModel
 from verl.workers.core.optimizer_step import build_lr_scheduler, build_optimizer
 from verl.workers.engine.base import EngineRegistry
@@ -102,6 +103,8 @@ class VeOmniEngine(FSDPEngine):
             **foundation_model_kwargs(cfg, path, path, ops_implementation=ops)
         )
         logger.info("VeOmni model %s: %d GDN mixers marked varlen", type(model).__name__, _mark_varlen_mixers(model))
+        if self.freeze_vision_tower:  # before sharding, as in build_fsdp_model (VeOmni shards with FSDP2)
+            freeze_vision_tower(model, f"{self.role}.freeze_vision_tower")
         parallelize = import_veomni("distributed.torch_parallelize").build_parallelize_model
         kwargs = parallelize_kwargs(
             cfg,
