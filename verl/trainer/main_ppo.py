@@ -188,7 +188,7 @@ def create_rl_sampler(data_config, dataset):
     from torch.utils.data import SequentialSampler
     from torchdata.stateful_dataloader.sampler import RandomSampler
 
-    custom = data_config.get("sampler") if hasattr(data_config, "get") else getattr(data_config, "sampler", None)
+    custom = data_config.get("sampler")  # a DictConfig or a DataConfig: both read like a Mapping
     if custom is not None and custom.class_path is not None:
         return _custom_sampler(custom.class_path, custom.class_name, data_config, dataset)
     if data_config.shuffle:
@@ -198,7 +198,7 @@ def create_rl_sampler(data_config, dataset):
     return SequentialSampler(data_source=dataset)
 
 
-def _custom_sampler(class_path: str, class_name, data_config, dataset):
+def _custom_sampler(class_path: str, class_name: str | None, data_config, dataset):
     from verl.base_config import ConfigError
     from verl.experimental.dataset.sampler import AbstractSampler
     from verl.utils.import_utils import load_extern_type

@@ -116,6 +116,7 @@ class TrainingWorker(Worker):
             config.checkpoint_config,
             processing_class=processing_class,
             role=role,
+            # passed only when set: engines registered by user code need not know the keyword
             **({"freeze_vision_tower": True} if freeze_vision_tower else {}),
         )
         self._register_dispatch_collect_info(

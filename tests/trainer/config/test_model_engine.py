@@ -38,7 +38,7 @@ def _leaves(node, prefix=""):
         if key == "_target_":
             continue
         path = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, dict) and value and key not in ("basic_modules",):
+        if isinstance(value, dict) and value:
             out.update(_leaves(value, path))
         else:
             out[path] = value

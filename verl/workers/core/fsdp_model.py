@@ -36,7 +36,7 @@ from verl.utils.model import (
     print_model_size,
     untie_word_embeddings,
 )
-from verl.utils.model import freeze_vision_tower as _freeze_vision_tower
+from verl.utils.model import freeze_vision_tower as _freeze_vision_tower  # the parameter below has the plain name
 from verl.workers.core.optimizer_step import build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)
