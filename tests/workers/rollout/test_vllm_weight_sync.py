@@ -86,6 +86,12 @@ def engine_key_value_rows(engine) -> int:
     return sum(gdn.output_sizes[:3])
 
 
+def rollout_cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What the sync sends for ``tensor``: matrices in the rollout dtype, vectors in their own (module docstring of
+    vllm_weight_sync: engines keep some vectors, e.g. the GDN A_log, in fp32)."""
+    return tensor.to(dtype) if tensor.dim() >= 2 else tensor
+
+
 def assert_engine_holds(engine, hf_state: dict, dtype=torch.float32, prefix_map=()) -> None:
     got = engine_tensors_in_hf_layout(engine)
     expected = {}
@@ -98,7 +104,7 @@ def assert_engine_holds(engine, hf_state: dict, dtype=torch.float32, prefix_map=
     assert sorted(got) == sorted(expected)
     for name, tensor in expected.items():
         # the engine stores fp32; a bf16 push is exact after the round trip fp32 -> bf16 -> fp32
-        assert torch.equal(got[name], tensor.to(dtype).float()), name
+        assert torch.equal(got[name], rollout_cast(tensor, dtype).float()), name
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -124,16 +130,18 @@ def test_group_by_layer_is_lazy_and_keeps_blocks_together():
 
 
 def test_per_expert_format_splits_experts_and_casts_floats():
-    """The default format yields per-expert names (E=4 experts x 3 projections replace 2 fused tensors per layer)
-    in the rollout dtype, values cast to bf16; 'hf' keeps the fused tensors; 'checkpoint' (transformers' reverse
-    conversion) splits the same way."""
+    """The default format yields per-expert names (E=4 experts x 3 projections replace 2 fused tensors per layer),
+    matrices cast to the rollout dtype (bf16), vectors (norms, A_log, dt_bias) in the actor's fp32; 'hf' keeps the
+    fused tensors; 'checkpoint' (transformers' reverse conversion) splits the same way."""
     model = tiny()
     weights = dict(iter_vllm_weights(model, dtype=torch.bfloat16))
     n_layers, n_experts = 4, 4
     assert len(weights) == len(model.state_dict()) + n_layers * (3 * n_experts - 2)
     gate_up = model.model.layers[2].mlp.experts.gate_up_proj.detach()  # [E, 2I=32, H], gate rows first
     assert torch.equal(weights["model.layers.2.mlp.experts.3.up_proj.weight"], gate_up[3, 16:].bfloat16())
-    assert all(t.dtype == torch.bfloat16 for t in weights.values())
+    assert {t.dtype for t in weights.values() if t.dim() >= 2} == {torch.bfloat16}
+    assert {t.dtype for t in weights.values() if t.dim() < 2} == {torch.float32}
+    assert weights["model.layers.0.linear_attn.A_log"].dtype == torch.float32
     fused = dict(iter_vllm_weights(model, weight_format="hf"))
     assert torch.equal(fused["model.layers.2.mlp.experts.gate_up_proj"], gate_up)
     # transformers 5.4 names the text model model.language_model.* here, 5.24 model.*: both are valid checkpoints
@@ -179,7 +187,7 @@ def test_sync_into_ascend_like_engine(kind, dtype):
     prefix_map = vllm._HF_TO_VLLM_PREFIXES if kind.endswith("_vl") else ()
     assert_engine_holds(engine, model.state_dict(), dtype, prefix_map)
     assert report.num_tensors == len(list(iter_vllm_weights(model)))
-    assert report.num_bytes == sum(t.numel() * dtype.itemsize for _, t in iter_vllm_weights(model))
+    assert report.num_bytes == sum(rollout_cast(t, dtype).nbytes for _, t in iter_vllm_weights(model))
 
 
 def test_language_model_prefix_follows_the_engine():
@@ -298,7 +306,7 @@ def test_offloaded_fsdp2_actor_on_simulated_npu():
             assert {p.device.type for p in rollout.engine.parameters()} == {"npu"}
             got = {k: v.cpu() for k, v in engine_tensors_in_hf_layout(rollout.engine).items()}
             for name, tensor in reference.items():
-                assert torch.equal(got[name], tensor.bfloat16().float()), name
+                assert torch.equal(got[name], rollout_cast(tensor, torch.bfloat16).float()), name
         finally:
             dist.destroy_process_group()
 
@@ -349,4 +357,5 @@ def test_fsdp_sync_equals_unsharded_model():
             result = out[(rank, strategy, offload)]
             assert result["names"] == list(reference), (strategy, offload)
             for name, tensor in reference.items():
-                assert torch.equal(result["engine"][name], tensor.bfloat16().float()), (strategy, offload, rank, name)
+                expected = rollout_cast(tensor, torch.bfloat16).float()
+                assert torch.equal(result["engine"][name], expected), (strategy, offload, rank, name)

@@ -2,17 +2,26 @@
 
 ```
  actor (HF model; plain, FSDP1 or FSDP2; params possibly offloaded to the CPU)
-   │ iter_full_tensors     state_dict() -> per tensor: local shard -> compute device -> rollout dtype -> all-gather
+   │ iter_full_tensors     state_dict() -> per tensor: local shard -> compute device -> rollout dtype (matrices
+   │                       only) -> all-gather
    │ group_by_layer        consecutive tensors of one decoder/vision block ("...layers.N.")
    │ weight_format         "per_expert" (default): fused 3-D experts -> experts.{e}.{gate,up,down}_proj.weight
    │                       "checkpoint": transformers' reverse weight conversion;  "hf": in-memory names as they are
    ▼
- vLLM model.load_weights(iterator)     HF name -> vLLM name, stacking, TP slicing: vLLM's own loader
-   (after repair_moe_weight_loaders:   field-report item 1)
+ engine, one block at a time       canonical staging -> vLLM's own model.load_weights (name mapping, stacking, TP
+                                   slicing) -> the layers' post-load processing, as on a fresh engine
+                                   (verl.utils.vllm.canonical_reload; field-report item 1 cannot recur there: the
+                                   staged parameters carry the loaders recorded at engine build)
 ```
 
 Peak extra memory is one layer's full tensors in the rollout dtype: no rank ever holds the whole model, and an
 offloaded shard is moved to the device only for its own all-gather.
+
+Dtypes. Matrices (2-D and up) are cast to the rollout dtype before the gather (half the traffic; casting first and
+the engine's copy-cast round the same way, so the engine ends with the same bits). Vectors (norm weights, biases,
+the GDN ``A_log`` / ``dt_bias``) travel in the actor's dtype: engines keep some of them in fp32 (vLLM's Qwen3.5 GDN
+holds ``A_log`` in fp32), and rounding them to bf16 on the way would make the synced engine differ from one loaded
+from the checkpoint.
 
 Weight formats. transformers 5 keeps MoE experts fused (``mlp.experts.gate_up_proj [E, 2I, H]``, gate rows first,
 ``mlp.experts.down_proj [E, H, I]``); checkpoints and most vLLM loaders use per-expert names. vLLM >= 0.17's Qwen3.5
@@ -34,6 +43,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from verl.utils.vllm.canonical_reload import ReloadReport, block_key, get_canonical_layout
 from verl.utils.vllm.patch import WeightLoaderRepair, repair_moe_weight_loaders, unwrap_vllm_model
 
 __all__ = [
@@ -59,11 +69,13 @@ _LAYER_RE = re.compile(r"^(.*?\.(?:layers|blocks|h)\.\d+)\.")
 
 @dataclass
 class WeightSyncReport:
-    """What one sync moved."""
+    """What one sync moved: ``reload`` for an engine with a recorded canonical layout (the exact path), ``repair``
+    for one without (see :func:`load_weights_into_vllm`)."""
 
     num_tensors: int
     num_bytes: int
-    repair: WeightLoaderRepair
+    repair: WeightLoaderRepair | None = None
+    reload: ReloadReport | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -89,7 +101,7 @@ def _sharded_state_dict(module: nn.Module) -> dict[str, Any]:
 
 
 def _full_tensor(value: torch.Tensor, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
-    """Gather one (possibly DTensor-sharded, possibly CPU-offloaded) tensor; floats are cast BEFORE the gather."""
+    """Gather one (possibly DTensor-sharded, possibly CPU-offloaded) tensor; matrices are cast BEFORE the gather."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
@@ -104,7 +116,7 @@ def _full_tensor(value: torch.Tensor, dtype: torch.dtype | None, device: torch.d
 
 
 def _convert(tensor: torch.Tensor, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
-    if dtype is not None and tensor.is_floating_point():
+    if dtype is not None and tensor.is_floating_point() and tensor.dim() >= 2:
         tensor = tensor.to(dtype)
     if device is not None:
         tensor = tensor.to(device)
@@ -117,7 +129,8 @@ def iter_full_tensors(
     """``(name, full tensor)`` for every state-dict entry of ``module``, in state-dict order.
 
     Works for a plain module, FSDP1 and FSDP2 (every rank must iterate: the gathers are collectives). Floating
-    tensors are cast to ``dtype``; all tensors end on ``device`` (default: where they are).
+    matrices (2-D and up) are cast to ``dtype``, vectors keep theirs (module docstring); all tensors end on
+    ``device`` (default: where they are).
     """
     device = torch.device(device) if device is not None else None
     for name, value in _sharded_state_dict(module).items():
@@ -261,14 +274,57 @@ def align_names_to_engine(
         yield name, tensor
 
 
+def _block_groups(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str | None, dict[str, torch.Tensor]]]:
+    """Consecutive tensors of one block (:func:`block_key`), and runs of consecutive non-block tensors, as groups."""
+    group: dict[str, torch.Tensor] = {}
+    key = None
+    for name, tensor in weights:
+        name_key = block_key(name)
+        if group and name_key != key:
+            yield key, group
+            group = {}
+        key = name_key
+        group[name] = tensor
+    if group:
+        yield key, group
+
+
 def load_weights_into_vllm(vllm_model: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncReport:
-    """Repair the model's MoE weight loaders, then hand ``weights`` (names aligned to the engine's layout) to the
-    model's own ``load_weights``."""
+    """Load ``weights`` (HF names, aligned to the engine's layout) into a running engine's model.
+
+    An engine built by :class:`~verl.workers.rollout.vllm_rollout.vLLMRollout` recorded its canonical layout at load
+    time; then each block is loaded into canonical parameters and post-processed like a fresh engine
+    (:mod:`verl.utils.vllm.canonical_reload`), which is exact on every platform. An engine without that record
+    (built elsewhere) gets the MoE weight-loader repair and vLLM's ``load_weights`` into its live parameters, which is
+    exact only where post-processing kept the canonical layout; a warning says so once.
+    """
     model = unwrap_vllm_model(vllm_model)
-    repair = repair_moe_weight_loaders(model)
+    layout = get_canonical_layout(model)
     counting = _Counting(align_names_to_engine(weights, model))
-    model.load_weights(counting)
-    return WeightSyncReport(num_tensors=counting.num_tensors, num_bytes=counting.num_bytes, repair=repair)
+    if layout is None:
+        _warn_no_layout(model)
+        repair = repair_moe_weight_loaders(model)
+        model.load_weights(counting)
+        return WeightSyncReport(num_tensors=counting.num_tensors, num_bytes=counting.num_bytes, repair=repair)
+    reload = ReloadReport()
+    for key, group in _block_groups(counting):
+        reload.merge(layout.reload(model, key, lambda group=group: model.load_weights(iter(group.items()))))
+    return WeightSyncReport(num_tensors=counting.num_tensors, num_bytes=counting.num_bytes, reload=reload)
+
+
+_warned_no_layout: set[str] = set()
+
+
+def _warn_no_layout(model: nn.Module) -> None:
+    name = type(model).__name__
+    if name not in _warned_no_layout:
+        _warned_no_layout.add(name)
+        logger.warning(
+            "weight sync into a %s without a recorded canonical layout (the engine was not built by verl's "
+            "vLLMRollout): weights are written into the live parameters, which is exact only where the platform's "
+            "post-load processing kept vLLM's canonical layout",
+            name,
+        )
 
 
 def sync_actor_weights_to_vllm(
