@@ -1,6 +1,11 @@
 """vLLMRollout without vLLM: config -> engine/sampling kwargs, engine outputs -> rollout batch (hand-worked), and the
 class itself driven through a fake ``vllm`` module (``LLM``/``SamplingParams``) whose engine model is the fake vLLM
-Qwen3.5-MoE of tests/utils/vllm, synced from a tiny HF model by FSDPVLLMShardingManager."""
+Qwen3.5-MoE of tests/utils/vllm, synced from a tiny HF model by FSDPVLLMShardingManager.
+
+The real engine runs in tests/workers/rollout/test_vllm_rollout_engine.py and test_vllm_engine_sync.py (vLLM's CPU
+build). What stays here is what that build cannot show on this machine: the sleep/wake sequence (the CPU platform
+has no sleep mode), the vllm-ascend checks on an NPU device, a tensor-parallel engine across two trainer ranks, and the
+pure config -> kwargs and outputs -> batch functions."""
 
 import importlib.machinery
 import importlib.util
@@ -30,7 +35,7 @@ from verl.workers.rollout.vllm_rollout.outputs import (
     prompt_token_ids,
     unpack_request_outputs,
 )
-from verl.workers.rollout.vllm_rollout.params import engine_kwargs, sampling_kwargs, sleep_level
+from verl.workers.rollout.vllm_rollout.params import engine_kwargs, sampling_kwargs
 from verl.workers.sharding_manager.vllm_weight_sync import FSDPVLLMShardingManager
 
 FAKE_PATH = Path(__file__).parents[2] / "utils" / "vllm" / "fake_vllm_qwen3_5.py"
@@ -71,8 +76,9 @@ def test_sampling_kwargs_training_validation_greedy():
 
 def test_engine_kwargs_from_rollout_config():
     """Every rollout key reaches vllm.LLM under vLLM's name; max_model_len defaults to prompt + response length;
-    'dummy*' load formats map to 'dummy'; free_cache_engine enables sleep mode; a distributed trainer uses the
-    external launcher; engine_kwargs.vllm wins over everything."""
+    'dummy*' load formats map to 'dummy', loaded through verl's recording loader (the configured format travels in
+    model_loader_extra_config); free_cache_engine enables sleep mode where the platform has one; a distributed
+    trainer uses the external launcher; engine_kwargs.vllm wins over everything."""
     cfg = rollout_config(
         tensor_model_parallel_size=2, gpu_memory_utilization=0.6, max_num_batched_tokens=64, enforce_eager=True,
         load_format="dummy_dtensor", dtype="float16", enable_chunked_prefill=False, enable_prefix_caching=False,
@@ -82,7 +88,8 @@ def test_engine_kwargs_from_rollout_config():
     assert kwargs == dict(
         model="/m", tokenizer="/tok", skip_tokenizer_init=True, trust_remote_code=True, tensor_parallel_size=2, dtype="float16",
         enforce_eager=True, gpu_memory_utilization=0.6, max_num_batched_tokens=64, max_model_len=9, max_num_seqs=1024,
-        enable_chunked_prefill=False, enable_prefix_caching=False, load_format="dummy", disable_log_stats=True,
+        enable_chunked_prefill=False, enable_prefix_caching=False, load_format="verl_canonical",
+        model_loader_extra_config={"verl_inner_load_format": "dummy"}, disable_log_stats=True,
         enable_sleep_mode=True, scheduling_policy="fcfs", seed=5, logprobs_mode="processed_logprobs",
         compilation_config={"cudagraph_capture_sizes": [1, 2]}, distributed_executor_backend="external_launcher",
         swap_space=0,
@@ -90,6 +97,14 @@ def test_engine_kwargs_from_rollout_config():
     single = engine_kwargs(rollout_config(), "/m", trust_remote_code=False, distributed=False)
     assert "distributed_executor_backend" not in single and "logprobs_mode" not in single
     assert single["tokenizer"] == "/m"  # no tokenizer_path: the model directory
+    no_sleep = engine_kwargs(rollout_config(), "/m", trust_remote_code=False, distributed=False, sleep_mode=False)
+    assert no_sleep["enable_sleep_mode"] is False  # a platform without sleep mode (vLLM's CPU build)
+    user_format = rollout_config(engine_kwargs={"vllm": {"load_format": "safetensors"}})
+    kwargs = engine_kwargs(user_format, "/m", trust_remote_code=False, distributed=False)
+    assert (kwargs["load_format"], kwargs["model_loader_extra_config"]) == (
+        "verl_canonical",
+        {"verl_inner_load_format": "safetensors"},
+    )
 
 
 @pytest.mark.parametrize(
@@ -106,9 +121,12 @@ def test_engine_kwargs_reject_inconsistent_lengths(overrides, key):
         engine_kwargs(rollout_config(**overrides), "/m", trust_remote_code=False, distributed=False)
 
 
-def test_sleep_level_per_device():
+def test_sleep_level_is_a_platform_attribute():
     """Ascend's vllm-ascend only implements sleep level 1; CUDA drops the weights too (level 2)."""
-    assert (sleep_level("npu"), sleep_level("cuda")) == (1, 2)
+    from verl.utils.platform.cuda import CudaPlatform
+    from verl.utils.platform.npu import NpuPlatform
+
+    assert (NpuPlatform.vllm_sleep_level, CudaPlatform.vllm_sleep_level) == (1, 2)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -248,21 +266,49 @@ class FakeLLM:
         return outs
 
 
-def _fake_vllm_module() -> types.ModuleType:
+class _FakeBaseModelLoader:
+    def __init__(self, load_config):
+        self.load_config = load_config
+
+
+def _fake_vllm_modules(sleep_mode: bool = True) -> dict[str, types.ModuleType]:
+    """``vllm`` plus the two submodules vLLMRollout touches before building the engine: the platform (sleep mode)
+    and the model-loader registry (verl's recording loader; FakeLLM never loads, so its engine has no recorded
+    layout and syncs through the loader-repair path)."""
     module = types.ModuleType("vllm")
     module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)  # find_spec("vllm") sees it as installed
     module.LLM, module.SamplingParams = FakeLLM, FakeSamplingParams
-    return module
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_sleep_mode_available=lambda: sleep_mode)
+    loaders = types.ModuleType("vllm.model_executor.model_loader")
+    loaders.register_model_loader = lambda name: lambda cls: cls
+    loaders.get_model_loader = lambda config: None
+    base_loader = types.ModuleType("vllm.model_executor.model_loader.base_loader")
+    base_loader.BaseModelLoader = _FakeBaseModelLoader
+    return {
+        "vllm": module,
+        "vllm.platforms": platforms,
+        "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+        "vllm.model_executor.model_loader": loaders,
+        "vllm.model_executor.model_loader.base_loader": base_loader,
+    }
+
+
+def _fake_vllm_module() -> types.ModuleType:
+    modules = _fake_vllm_modules()
+    sys.modules.update(modules)
+    return modules["vllm"]
 
 
 @pytest.fixture
 def fake_vllm_package(monkeypatch):
-    """Install the fake `vllm` module for one test."""
-    module = _fake_vllm_module()
-    monkeypatch.setitem(sys.modules, "vllm", module)
+    """Install the fake `vllm` modules for one test."""
+    modules = _fake_vllm_modules()
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
     FakeLLM.instances = []
     FakeLLM.hf_config = None
-    return module
+    return modules["vllm"]
 
 
 def _prompts(meta=None) -> DataProto:
@@ -298,7 +344,7 @@ def test_hybrid_step_sync_then_generate(fake_vllm_package, tmp_path):
 
     with FSDPVLLMShardingManager(hf_model, rollout) as manager:
         out = rollout.generate_sequences(_prompts())
-    assert manager.last_report.repair.reattached  # the Ascend-like engine needed the repair
+    assert manager.last_report.repair.reattached  # the Ascend-like engine (no recorded layout) needed the repair
     expected_calls = [("wake_up", ("weights",)), ("reset_prefix_cache",), ("wake_up", ("kv_cache",))]
     assert llm.calls[1:4] == expected_calls and llm.calls[-1] == ("sleep", 2)
     assert llm.requests[0] == [{"prompt_token_ids": [3, 4]}, {"prompt_token_ids": [5, 6, 7, 8]}]
@@ -306,6 +352,7 @@ def test_hybrid_step_sync_then_generate(fake_vllm_package, tmp_path):
     assert out.batch["attention_mask"][:, 4:].tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
     assert out.batch["position_ids"][0].tolist() == [0, 0, 0, 1, 2, 3, 4, 5, 6]
     torch.testing.assert_close(out.batch["rollout_log_probs"][0], torch.tensor([-0.1, -0.2, 0.0, 0.0, 0.0]))
+    assert llm.kwargs["load_format"] == "verl_canonical"
     assert sorted(out.batch.keys()) == sorted(
         ["prompts", "responses", "input_ids", "attention_mask", "position_ids", "rollout_log_probs"]
     )
@@ -340,6 +387,22 @@ def test_missing_vllm_or_vllm_ascend(monkeypatch, tmp_path, fake_vllm_package):
     assert FakeLLM.instances == []
 
 
+def test_no_sleep_mode_on_the_platform(fake_vllm_package, monkeypatch, tmp_path, caplog):
+    """free_cache_engine on a vLLM platform without sleep mode (the CPU build): the engine is built without it, never
+    put to sleep, and one warning names the key."""
+    for name, module in _fake_vllm_modules(sleep_mode=False).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    FakeLLM.hf_config = build_tiny_model("qwen3_5_moe", vocab_size=96).config
+    with caplog.at_level("WARNING"):
+        rollout = rollout_module.vLLMRollout(rollout_config(), HFModelConfig(path=str(tmp_path)))
+    llm = FakeLLM.instances[-1]
+    assert llm.kwargs["enable_sleep_mode"] is False and llm.calls == []
+    rollout.sleep()
+    rollout.wake_up()
+    assert llm.calls == []
+    assert "actor_rollout_ref.rollout.free_cache_engine" in caplog.text
+
+
 def test_multi_turn_is_rejected(fake_vllm_package, tmp_path):
     """multi_turn needs the agent-loop server, which this rollout does not have: a ConfigError names the key."""
     cfg = rollout_config(multi_turn=MultiTurnConfig(enable=True))
@@ -359,7 +422,7 @@ def _tp_worker(rank: int, port: int, out: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        sys.modules["vllm"] = _fake_vllm_module()
+        _fake_vllm_module()  # installs vllm and the submodules vLLMRollout imports
         FakeLLM.hf_config = build_tiny_model("qwen3_5_moe", vocab_size=96).config
         mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "infer_tp"))
         cfg = rollout_config(free_cache_engine=False, tensor_model_parallel_size=2)

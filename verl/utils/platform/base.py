@@ -27,6 +27,8 @@ class Platform:
         visible_devices_envvar: env var that restricts which devices a process sees (None on CPU).
         ray_resource_name: Ray resource that counts these devices (``"CPU" | "GPU" | "NPU"``).
         ray_noset_envvars: env vars that stop Ray from rewriting ``visible_devices_envvar`` in workers.
+        vllm_sleep_level: the level the colocated vLLM engine sleeps at between rollouts: 2 drops weights and KV
+            cache (the next sync refills the weights), 1 moves the weights to host memory (vllm-ascend has no 2).
     """
 
     device_name: str = ""
@@ -35,6 +37,7 @@ class Platform:
     visible_devices_envvar: str | None = None
     ray_resource_name: str = ""
     ray_noset_envvars: tuple[str, ...] = ()
+    vllm_sleep_level: int = 2
 
     # ---- availability -------------------------------------------------------------------------------------
 

@@ -7,16 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl.base_config import ConfigError
+from verl.utils.vllm.loader import canonical_loader_kwargs
 
-__all__ = ["engine_kwargs", "eos_token_ids", "pad_token_id", "sampling_kwargs", "sleep_level"]
+__all__ = ["engine_kwargs", "eos_token_ids", "pad_token_id", "sampling_kwargs"]
 
 _NODE = "actor_rollout_ref.rollout"
-
-
-def sleep_level(device_name: str) -> int:
-    """vLLM sleep level between rollouts: 2 (drop weights and KV cache; the next sync refills the weights) on CUDA,
-    1 (weights to host memory) on Ascend, where vllm-ascend does not implement level 2."""
-    return 1 if device_name == "npu" else 2
 
 
 def _check_lengths(config: Any, max_model_len: int) -> None:
@@ -44,11 +39,13 @@ def engine_kwargs(
     distributed: bool,
     tokenizer_path: str | None = None,
     seed: int = 0,
+    sleep_mode: bool = True,
 ) -> dict:
     """``vllm.LLM(**kwargs)`` for a rollout config (``RolloutConfig``).
 
     ``distributed``: the trainer runs under torch.distributed, so the engine joins it with the external launcher
     (each trainer rank is one engine rank; ranks of one tensor-parallel group submit the same prompts).
+    ``sleep_mode``: whether vLLM's platform has a sleep mode (``free_cache_engine`` needs it).
     ``engine_kwargs.vllm`` entries override everything else.
     """
     if config.pipeline_model_parallel_size != 1:
@@ -72,7 +69,7 @@ def engine_kwargs(
         # "dummy": random weights at start; the trainer pushes the real ones before the first generation
         load_format="dummy" if config.load_format.startswith("dummy") else config.load_format,
         disable_log_stats=config.disable_log_stats,
-        enable_sleep_mode=config.free_cache_engine,
+        enable_sleep_mode=config.free_cache_engine and sleep_mode,
         scheduling_policy=config.scheduling_policy,
         seed=seed,
     )
@@ -87,6 +84,9 @@ def engine_kwargs(
     if distributed:
         kwargs["distributed_executor_backend"] = "external_launcher"
     kwargs.update(config.engine_kwargs.get("vllm") or {})  # a free-form per-engine dict, not a typed key
+    # The engine loads through verl's recording loader (in the configured format): it keeps the canonical layout that
+    # makes every later weight sync exact (verl.utils.vllm.canonical_reload).
+    kwargs.update(canonical_loader_kwargs(kwargs.pop("load_format"), kwargs.pop("model_loader_extra_config", None)))
     return kwargs
 
 

@@ -28,16 +28,11 @@ import torch.distributed as dist
 from verl.base_config import ConfigError
 from verl.protocol import DataProto
 from verl.utils.device import get_device_name, get_platform
+from verl.utils.vllm.loader import register_canonical_loader
 from verl.utils.vllm.utils import get_vllm_model, require_vllm
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.vllm_rollout.outputs import assemble_rollout_batch, prompt_token_ids, unpack_request_outputs
-from verl.workers.rollout.vllm_rollout.params import (
-    engine_kwargs,
-    eos_token_ids,
-    pad_token_id,
-    sampling_kwargs,
-    sleep_level,
-)
+from verl.workers.rollout.vllm_rollout.params import engine_kwargs, eos_token_ids, pad_token_id, sampling_kwargs
 from verl.workers.sharding_manager.vllm_weight_sync import WeightSyncReport, load_weights_into_vllm
 
 __all__ = ["engine_env", "vLLMRollout"]
@@ -67,19 +62,24 @@ class vLLMRollout(BaseRollout):
                 "actor_rollout_ref.rollout",
             )
         vllm = require_vllm(self.device_name)
+        register_canonical_loader()
         for key, value in engine_env().items():
             os.environ.setdefault(key, value)  # a value the user exported wins
+        self._sleeps = config.free_cache_engine and _sleep_mode_available()
         kwargs = engine_kwargs(
             config,
             model_config.local_path,
             trust_remote_code=model_config.trust_remote_code,
             tokenizer_path=model_config.tokenizer_path,
-            distributed=dist.is_available() and dist.is_initialized(),
+            # a trainer world of several ranks: each rank is one engine rank (external launcher). A world of one (or
+            # the one vLLM itself created for an engine built earlier in this process) needs no launcher.
+            distributed=dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1,
+            sleep_mode=self._sleeps,
         )
         logger.info("building vllm.LLM(%s)", kwargs)
         self.llm = vllm.LLM(**kwargs)
         self._sampling_params_cls = vllm.SamplingParams
-        self._sleep_level = sleep_level(self.device_name)
+        self._sleep_level = get_platform().vllm_sleep_level
         self._asleep: set[str] = set()
         self.sleep()  # training runs first; the sharding manager wakes the engine for generation
 
@@ -90,8 +90,9 @@ class vLLMRollout(BaseRollout):
         return get_vllm_model(self.llm)
 
     def sleep(self) -> None:
-        """Release the KV cache (and the weights at sleep level 2); no-op without ``free_cache_engine``."""
-        if not self.config.free_cache_engine or self._asleep:
+        """Release the KV cache (and the weights at sleep level 2); no-op without ``free_cache_engine`` or where
+        vLLM's platform has no sleep mode."""
+        if not self._sleeps or self._asleep:
             return
         self.llm.sleep(level=self._sleep_level)
         self._asleep = set(_ALL_TAGS)
@@ -167,6 +168,22 @@ class vLLMRollout(BaseRollout):
             return None, 1, 0
         tp_mesh = mesh["infer_tp"]
         return tp_mesh.get_group(), tp_mesh.size(), tp_mesh.get_local_rank()
+
+
+def _sleep_mode_available() -> bool:
+    """Whether vLLM's platform can sleep; where it cannot (vLLM's CPU build), ``free_cache_engine`` is reported
+    once and the engine keeps its weights and KV cache between rollouts."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_sleep_mode_available():
+        return True
+    logger.warning(
+        "actor_rollout_ref.rollout.free_cache_engine=True has no effect here: vLLM's %s platform has no sleep mode, "
+        "so the engine keeps its weights and KV cache between rollouts (size the cache with "
+        "actor_rollout_ref.rollout.gpu_memory_utilization or engine_kwargs.vllm.kv_cache_memory_bytes)",
+        type(current_platform).__name__,
+    )
+    return False
 
 
 def _gather(prompts: DataProto, group: Any, size: int) -> DataProto:
