@@ -449,12 +449,19 @@ def process_weights_after_loading(model: nn.Module) -> None:
             method.process_weights_after_loading(module)
 
 
-def build_fake_vllm_model(hf_config, moe_method: str = "ascend") -> nn.Module:
+def build_fake_vllm_model(hf_config, moe_method: str = "ascend", *, record_layout: bool = False) -> nn.Module:
     """The fake vLLM model for an HF Qwen3.5-MoE config (text or multimodal), as a running engine holds it:
-    dummy (NaN) weights, then ``process_weights_after_loading`` of ``moe_method`` (one of :data:`MOE_METHODS`)."""
+    dummy (NaN) weights, then ``process_weights_after_loading`` of ``moe_method`` (one of :data:`MOE_METHODS`).
+
+    ``record_layout``: capture the canonical layout between loading and post-processing, as verl's vLLM model loader
+    does for a real engine (verl.utils.vllm.loader), so syncs take the exact canonical-reload path."""
     if getattr(hf_config, "vision_config", None) is not None:
         model = Qwen3_5MoeForConditionalGeneration(hf_config, moe_method)
     else:
         model = Qwen3_5MoeForCausalLM(hf_config, moe_method)
+    if record_layout:
+        from verl.utils.vllm.canonical_reload import CANONICAL_LAYOUT_ATTR, CanonicalLayout
+
+        setattr(model, CANONICAL_LAYOUT_ATTR, CanonicalLayout.capture(model))
     process_weights_after_loading(model)
     return model

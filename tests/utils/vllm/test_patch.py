@@ -305,3 +305,42 @@ def test_missing_vllm_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(ImportError, match=r"pip install verl\[vllm\].*Ascend image"):
         require_vllm("cuda")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the recorded-layout path (what engines built by vLLMRollout take), on the vllm-ascend stand-in
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("moe_method", ["ascend", "legacy_cuda"])
+def test_recorded_layout_sync_is_exact_after_post_processing(fake_vllm, hf_text_square, moe_method):
+    """An engine whose layout was recorded before post-processing (here: vllm-ascend's transposing MoE method,
+    which vLLM's CPU build cannot show; the real engine's equivalent is tests/workers/rollout/
+    test_vllm_engine_sync.py): each sync stages the canonical [E, 2I, H] experts, loads them with the module's own
+    loader (no repair needed: the staged parameters carry it) and re-runs the transposing post-processing, so two
+    successive syncs of different weights each leave exactly those weights, transposed as the platform wants."""
+    from verl.workers.sharding_manager.vllm_weight_sync import load_weights_into_vllm
+
+    engine = fake_vllm.build_fake_vllm_model(hf_text_square.config, moe_method, record_layout=True)
+    state = {k: v.clone() for k, v in hf_text_square.state_dict().items()}
+    for step in range(2):
+        state = {k: v + 0.01 * (step + 1) for k, v in state.items()}
+        report = load_weights_into_vllm(engine, list(state.items()))
+        assert report.repair is None and len(report.reload.processed) == 4  # the 4 layers' FusedMoE modules
+        assert_loaded_equals(engine, expected_vllm_state(state, moe_method == "ascend", multimodal=False))
+
+
+def test_recorded_layout_refuses_a_partial_layer(fake_vllm, hf_text_rect):
+    """A FusedMoE that receives gate_up_proj but not down_proj would compute with a stale w2: refused, naming the
+    layer and the unwritten parameter, and the layer keeps its previous (kernel) parameters."""
+    from verl.workers.sharding_manager.vllm_weight_sync import load_weights_into_vllm
+
+    engine = fake_vllm.build_fake_vllm_model(hf_text_rect.config, "ascend", record_layout=True)
+    state = hf_text_rect.state_dict()
+    load_weights_into_vllm(engine, list(state.items()))
+    before = {k: v.clone() for k, v in engine.named_parameters() if "experts" in k}
+    partial = [(k, v + 1) for k, v in state.items() if k != "model.layers.1.mlp.experts.down_proj"]
+    with pytest.raises(RuntimeError, match=r"model\.layers\.1\.mlp\.experts.*w2_weight"):
+        load_weights_into_vllm(engine, partial)
+    after = dict(engine.named_parameters())
+    assert torch.equal(after["model.layers.1.mlp.experts.w13_weight"], before["model.layers.1.mlp.experts.w13_weight"])

@@ -45,11 +45,13 @@ import torch.nn as nn
 
 from verl.utils.vllm.canonical_reload import ReloadReport, block_key, get_canonical_layout
 from verl.utils.vllm.patch import WeightLoaderRepair, repair_moe_weight_loaders, unwrap_vllm_model
+from verl.workers.sharding_manager.base import BaseShardingManager
 
 __all__ = [
     "FSDPVLLMShardingManager",
     "WeightSyncReport",
     "align_names_to_engine",
+    "align_vector_dtypes",
     "group_by_layer",
     "iter_full_tensors",
     "iter_vllm_weights",
@@ -274,6 +276,27 @@ def align_names_to_engine(
         yield name, tensor
 
 
+def _vector_dtypes(engine: nn.Module) -> dict[str, torch.dtype]:
+    """Leaf name -> dtype of the engine's vector parameters, for leaves whose parameters all share one dtype
+    (``weight`` of the norms -> bf16, ``A_log`` of vLLM's GDN -> fp32)."""
+    seen: dict[str, set[torch.dtype]] = {}
+    for name, param in engine.named_parameters():
+        if param.dim() <= 1 and param.is_floating_point():
+            seen.setdefault(name.rpartition(".")[2], set()).add(param.dtype)
+    return {leaf: next(iter(dtypes)) for leaf, dtypes in seen.items() if len(dtypes) == 1}
+
+
+def align_vector_dtypes(
+    weights: Iterable[tuple[str, torch.Tensor]], engine: nn.Module
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Vectors arrive in the actor's dtype (module docstring); cast each to the dtype the engine keeps it in, which
+    rounds exactly as the engine's own copy would, minus vLLM's per-tensor narrowing warning on every sync."""
+    dtypes = _vector_dtypes(engine)
+    for name, tensor in weights:
+        target = dtypes.get(name.rpartition(".")[2]) if tensor.dim() <= 1 and tensor.is_floating_point() else None
+        yield name, (tensor.to(target) if target is not None and target != tensor.dtype else tensor)
+
+
 def _block_groups(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str | None, dict[str, torch.Tensor]]]:
     """Consecutive tensors of one block (:func:`block_key`), and runs of consecutive non-block tensors, as groups."""
     group: dict[str, torch.Tensor] = {}
@@ -300,7 +323,7 @@ def load_weights_into_vllm(vllm_model: Any, weights: Iterable[tuple[str, torch.T
     """
     model = unwrap_vllm_model(vllm_model)
     layout = get_canonical_layout(model)
-    counting = _Counting(align_names_to_engine(weights, model))
+    counting = _Counting(align_vector_dtypes(align_names_to_engine(weights, model), model))
     if layout is None:
         _warn_no_layout(model)
         repair = repair_moe_weight_loaders(model)
@@ -342,7 +365,7 @@ def sync_actor_weights_to_vllm(
     return report
 
 
-class FSDPVLLMShardingManager:
+class FSDPVLLMShardingManager(BaseShardingManager):
     """Context around generation in the hybrid engine (upstream name).
 
     Enter: wake the engine's weights, stream the actor's weights in (``rollout.load_weights``: loader repair, vLLM's
