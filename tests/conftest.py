@@ -1,6 +1,9 @@
 """Test-wide settings: one torch thread per process (2-core machines), offline HF, no Ray auth token."""
 
+import importlib.util
 import os
+
+import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -12,3 +15,13 @@ import torch  # noqa: E402
 pytest_plugins = ["verl.utils.platform.npu_sim.pytest_plugin"]
 
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``vllm`` need the real engine, which lives in its own environment (``make test-vllm``)."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="needs the real vLLM engine: run in .venv-vllm (make test-vllm)")
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)
