@@ -7,6 +7,11 @@ kinds. A forward + backward on a few hundred tokens takes well under a second on
 
 Kinds: ``"qwen3_5"`` (dense, ``Qwen3_5ForCausalLM``), ``"qwen3_5_moe"`` (``Qwen3_5MoeForCausalLM``),
 ``"qwen3_5_vl"`` and ``"qwen3_5_moe_vl"`` (``...ForConditionalGeneration`` with the vision tower).
+
+Profiles: ``"default"`` (the smallest widths) and ``"vllm"``, the widths vLLM's CPU kernels accept: its attention
+takes head dims 32, 64, 80, ... (not 16) and its CPU Gated DeltaNet kernel linear key/value head dims of 128 (not 32),
+so ``head_dim=64`` and ``linear_{key,value}_head_dim=128`` (M-RoPE sections scaled to the 16 rotary frequencies).
+The ``vllm`` profile is what the tests, the quickstart and the GPU check run the real vLLM engine on.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from verl.utils.rope_utils import normalize_rope_validation_keys
 
 __all__ = [
     "TINY_KINDS",
+    "TINY_PROFILES",
     "VISION_TOKENS",
     "build_tiny_model",
     "save_tiny_checkpoint",
@@ -37,6 +43,31 @@ VISION_TOKENS = {
     "vision_start_token_id": "<|vision_start|>",
     "vision_end_token_id": "<|vision_end|>",
 }
+
+
+# Field overrides per profile (see the module docstring).
+TINY_PROFILES: dict[str, dict] = {
+    "default": {},
+    "vllm": {
+        "head_dim": 64,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        # rotary over half of head_dim 64 = 32 dims = 16 frequencies, split 8/4/4 over the T/H/W M-RoPE axes
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10_000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [8, 4, 4],
+            "mrope_interleaved": True,
+        },
+    },
+}
+
+
+def _profile(profile: str) -> dict:
+    if profile not in TINY_PROFILES:
+        raise ValueError(f"unknown tiny model profile {profile!r}; valid: {sorted(TINY_PROFILES)}")
+    return dict(TINY_PROFILES[profile])
 
 
 def _text_kwargs(vocab_size: int, layer_types: list[str] | None, overrides: dict) -> dict:
@@ -71,20 +102,24 @@ def _text_kwargs(vocab_size: int, layer_types: list[str] | None, overrides: dict
     return kwargs
 
 
-def tiny_qwen3_5_config(vocab_size: int = 512, *, layer_types: list[str] | None = None, **overrides):
+def tiny_qwen3_5_config(
+    vocab_size: int = 512, *, layer_types: list[str] | None = None, profile: str = "default", **overrides
+):
     """Dense tiny Qwen3.5 text config (``Qwen3_5TextConfig``); ``overrides`` replace any field."""
     from transformers import Qwen3_5TextConfig
 
-    kwargs = _text_kwargs(vocab_size, layer_types, {"intermediate_size": 128, **overrides})
+    kwargs = _text_kwargs(vocab_size, layer_types, {"intermediate_size": 128, **_profile(profile), **overrides})
     return Qwen3_5TextConfig(**normalize_rope_validation_keys(kwargs))
 
 
-def tiny_qwen3_5_moe_config(vocab_size: int = 512, *, layer_types: list[str] | None = None, **overrides):
+def tiny_qwen3_5_moe_config(
+    vocab_size: int = 512, *, layer_types: list[str] | None = None, profile: str = "default", **overrides
+):
     """Tiny Qwen3.5-MoE text config: 4 experts, top-2, expert/shared-expert width 32."""
     from transformers import Qwen3_5MoeTextConfig
 
     moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
-    kwargs = _text_kwargs(vocab_size, layer_types, {**moe, **overrides})
+    kwargs = _text_kwargs(vocab_size, layer_types, {**moe, **_profile(profile), **overrides})
     return Qwen3_5MoeTextConfig(**normalize_rope_validation_keys(kwargs))
 
 
@@ -156,7 +191,9 @@ def build_tiny_model(
     dtype: torch.dtype = torch.float32,
     **overrides,
 ) -> nn.Module:
-    """A randomly initialised tiny model (deterministic for a given ``seed``), in ``eval()`` mode, unpatched."""
+    """A randomly initialised tiny model (deterministic for a given ``seed``), in ``eval()`` mode, unpatched.
+
+    ``overrides`` are config fields, plus ``profile`` (module docstring) and ``layer_types``."""
     config = tiny_config(kind, vocab_size, **overrides)
     config._attn_implementation = attn_implementation
     for sub in ("text_config", "vision_config"):
@@ -179,8 +216,9 @@ def _vision_token_ids(tokenizer) -> dict:
     return ids
 
 
-def save_tiny_checkpoint(kind: str, tokenizer, out_dir: str, *, seed: int = 0) -> str:
-    """Save a tiny model ``kind`` sized to ``tokenizer`` and the tokenizer as an ordinary HF checkpoint directory.
+def save_tiny_checkpoint(kind: str, tokenizer, out_dir: str, *, seed: int = 0, profile: str = "default") -> str:
+    """Save a tiny model ``kind`` (``profile``: see the module docstring) sized to ``tokenizer`` and the tokenizer
+    as an ordinary HF checkpoint directory.
 
     The vocabulary size is ``len(tokenizer)``; bos/eos/pad ids come from the tokenizer, and for the ``*_vl`` kinds
     the image/video/vision-start/end ids too. Returns ``out_dir``.
@@ -188,6 +226,7 @@ def save_tiny_checkpoint(kind: str, tokenizer, out_dir: str, *, seed: int = 0) -
     vocab_size = len(tokenizer)
     overrides = {name: getattr(tokenizer, name) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides["profile"] = profile
     if kind.endswith("_vl"):
         model = build_tiny_model(kind, vocab_size, seed, token_ids=_vision_token_ids(tokenizer), **overrides)
     else:

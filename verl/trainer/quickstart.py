@@ -8,6 +8,10 @@
    ``reward_model.ground_truth``, ``extra_info``);
 3. runs ``python -m verl.trainer.main_ppo --config-name quickstart_cpu`` and prints where the per-step metrics went.
 
+With ``actor_rollout_ref.rollout.name=vllm`` among the overrides it runs the real vLLM engine as the rollout
+(vLLM's CPU build, ``make quickstart-vllm``): the tiny model is built in the widths vLLM's CPU kernels accept
+(``verl.models.tiny`` profile ``"vllm"``) and the config is ``quickstart_cpu_vllm``.
+
 The task ("digits"): every prompt asks for a one-digit answer; the reward is 1 when the response starts with a
 digit. A random policy over the ~50-character vocabulary earns it about one time in five, so GRPO groups of 8
 almost always contain both outcomes and the mean reward climbs within a few dozen steps. It demonstrates the
@@ -88,31 +92,45 @@ def make_rows(num_rows: int, seed: int, split: str) -> list[dict]:
     return rows
 
 
-def prepare(out_dir: Path, seed: int = 0) -> dict[str, Path]:
-    """Write tokenizer + tiny model + parquet files under ``out_dir`` (idempotent); returns their paths."""
+VLLM_ROLLOUT_OVERRIDE = "actor_rollout_ref.rollout.name=vllm"
+
+
+def prepare(out_dir: Path, seed: int = 0, profile: str = "default") -> dict[str, Path]:
+    """Write tokenizer + tiny model (``profile``: ``verl.models.tiny``) + parquet files under ``out_dir``
+    (idempotent); returns their paths."""
     import pandas as pd
 
     from verl.models.tiny import save_tiny_checkpoint
 
-    model_dir, data_dir = out_dir / "model", out_dir / "data"
+    model_dir, data_dir = out_dir / _model_dir_name(profile), out_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     if not (model_dir / "config.json").is_file():
         tokenizer = build_char_tokenizer(model_dir)
-        save_tiny_checkpoint("qwen3_5_moe", tokenizer, model_dir, seed=seed)
+        save_tiny_checkpoint("qwen3_5_moe", tokenizer, model_dir, seed=seed, profile=profile)
     paths = {"model": model_dir, "train": data_dir / "train.parquet", "val": data_dir / "test.parquet"}
     pd.DataFrame(make_rows(256, seed, "train")).to_parquet(paths["train"])
     pd.DataFrame(make_rows(32, seed + 1, "test")).to_parquet(paths["val"])
     return paths
 
 
+def _model_dir_name(profile: str) -> str:
+    return "model" if profile == "default" else f"model_{profile}"
+
+
+def uses_vllm(overrides: list[str]) -> bool:
+    """Whether the overrides select the vLLM rollout (then the vLLM-compatible model and config are used)."""
+    return VLLM_ROLLOUT_OVERRIDE in overrides
+
+
 def main_ppo_command(out_dir: Path, extra_overrides: list[str]) -> list[str]:
+    vllm = uses_vllm(extra_overrides)
     return [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
         "--config-name",
-        "quickstart_cpu",
-        f"actor_rollout_ref.model.path={out_dir / 'model'}",
+        "quickstart_cpu_vllm" if vllm else "quickstart_cpu",
+        f"actor_rollout_ref.model.path={out_dir / _model_dir_name('vllm' if vllm else 'default')}",
         f"data.train_files={out_dir / 'data' / 'train.parquet'}",
         f"data.val_files={out_dir / 'data' / 'test.parquet'}",
         f"reward.custom_reward_function.path={Path(__file__).resolve()}",
@@ -129,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare-only", action="store_true", help="write the assets and exit")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     args = parser.parse_args(argv)
-    prepare(args.dir)
+    prepare(args.dir, profile="vllm" if uses_vllm(args.overrides) else "default")
     if args.prepare_only:
         return 0
     command = main_ppo_command(args.dir, args.overrides)

@@ -5,7 +5,7 @@
      prompts (parquet → RLHFDataset → DataProto)
        │ 1 generate        actor_rollout.generate_sequences      (hf | vllm; weights synced by the worker)
        │ 2 reward          reward_fn(batch) → token_level_scores
-       │ 3 old log-prob    actor_rollout.compute_log_prob        (+ entropy metric)
+       │ 3 old log-prob    actor_rollout.compute_log_prob        (+ entropy metric, rollout-vs-actor gap)
        │ 4 ref log-prob    ref.compute_ref_log_prob              (if KL is used)
        │ 5 values          critic.compute_values                 (if GAE)
        │ 6 advantages      core_algos estimator by name          (driver, CPU)
@@ -44,6 +44,7 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
 from verl.trainer.ppo.worker_groups import ActorRolloutRefGroup, CriticGroup
+from verl.utils.debug.metrics import calculate_rollout_probs_diff_metrics
 
 _GEN_TENSOR_KEYS = ["input_ids", "attention_mask", "position_ids"]
 _GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs"]
@@ -383,6 +384,8 @@ class RayPPOTrainer:
             old.batch.pop("entropys")
         metrics.update(reduce_metrics(old.meta_info.pop("metrics", {})))
         batch.union(old)
+        if "rollout_log_probs" in batch.batch.keys():  # rollout.calculate_log_probs: the training-inference gap
+            metrics.update(calculate_rollout_probs_diff_metrics(batch))
 
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
         """Step 6: optional KL penalty in the reward, then the configured advantage estimator (on the driver)."""
