@@ -78,9 +78,9 @@ def _check_mismatch_metrics(metrics: dict[int, dict]) -> float:
 
 
 def test_grpo_quickstart_with_vllm_learns(assets, tmp_path, capsys):
-    metrics = _run(assets, tmp_path, "trainer.total_training_steps=30")
+    metrics = _run(assets, tmp_path, "trainer.total_training_steps=25")
     scores = [metrics[s]["critic/score/mean"] for s in sorted(metrics)]
-    assert len(scores) == 30
+    assert len(scores) == 25
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     worst = _check_mismatch_metrics(metrics)
     with capsys.disabled():

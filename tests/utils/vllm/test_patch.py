@@ -6,6 +6,10 @@ The engine is the fake vLLM model of ``fake_vllm_qwen3_5.py`` (vLLM's names, sta
 ``verl.models.tiny``, in both weight formats vLLM accepts: the HF in-memory fused 3-D experts
 (``experts.gate_up_proj`` [E, 2I, H]) and the checkpoint's per-expert names (``experts.{e}.gate_proj.weight``),
 built by hand so that these tests do not depend on transformers' reverse conversion (the sync tests use it).
+
+Engines built by verl's vLLMRollout record their canonical layout and never need the repair (the staged parameters
+carry the loaders; the real engine's test is tests/workers/rollout/test_vllm_engine_sync.py); the repair remains the
+path for engines built elsewhere, and vllm-ascend's transposing MoE method exists only as this stand-in here.
 """
 
 import subprocess

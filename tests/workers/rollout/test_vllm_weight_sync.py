@@ -1,5 +1,11 @@
 """Actor -> vLLM weight sync (verl/workers/sharding_manager/vllm_weight_sync.py) against the fake vLLM Qwen3.5-MoE
-engine of tests/utils/vllm/fake_vllm_qwen3_5.py: plain, FSDP1, FSDP2 and FSDP2 with parameter offload."""
+engine of tests/utils/vllm/fake_vllm_qwen3_5.py: plain, FSDP1, FSDP2 and FSDP2 with parameter offload.
+
+The real engine (vLLM's CPU build) is synced in test_vllm_engine_sync.py. These keep what it cannot show here: the
+trainer side of the stream tensor by tensor (grouping, expert split, names, dtypes), the vllm-ascend MoE layout
+(transposed experts, lost loaders), the multimodal wrapper's name mapping, the gather from an FSDP2 actor offloaded on
+the simulated Ascend device, and the manager's RNG bookkeeping. The fake records the tensors it receives exactly, so
+equality here is against the actor's own state dict."""
 
 import importlib.util
 import os
