@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 PKG_PREFIX = "pkg://"
+FILE_PREFIX = "file://"
 
 
 @cache
@@ -83,16 +84,20 @@ def _exec_file_module(path: str, module_name: str | None) -> ModuleType:
     return module
 
 
-def load_module(module_path: str, module_name: str | None = None) -> ModuleType:
-    """Import ``pkg://dotted.module`` by name, or execute a ``.py`` file given by path (``~`` expanded).
+def load_module(module_path: str | None, module_name: str | None = None) -> ModuleType | None:
+    """Import ``pkg://dotted.module`` (or ``pkg://dotted/module``) by name, or execute a ``.py`` file given by path
+    (optionally ``file://``-prefixed, ``~`` expanded).
 
-    ``module_name``: register the file module in ``sys.modules`` under this name (by default it is not kept there,
-    see the module docstring). Raises FileNotFoundError for a missing file, ImportError when it fails to run.
+    ``None`` or ``""`` is the "nothing configured" case and returns None, as upstream (config keys such as
+    ``custom_reward_function.path`` default to null). ``module_name``: register the file module in ``sys.modules``
+    under this name (by default it is not kept there, see the module docstring). Raises FileNotFoundError for a
+    missing file, ImportError when it fails to run.
     """
     if not module_path:
-        raise ValueError("load_module: module_path is empty; give a .py file path or 'pkg://dotted.module'.")
+        return None
     if module_path.startswith(PKG_PREFIX):
-        return importlib.import_module(module_path[len(PKG_PREFIX) :])
+        return importlib.import_module(module_path[len(PKG_PREFIX) :].replace("/", "."))
+    module_path = module_path.removeprefix(FILE_PREFIX)
     path = os.path.abspath(os.path.expanduser(module_path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Python file {module_path!r} not found (resolved to {path!r}).")
@@ -104,25 +109,28 @@ def _public_names(module: ModuleType) -> list[str]:
     return sorted(name for name in vars(module) if not name.startswith("_"))
 
 
-def load_extern_object(module_path: str, object_name: str) -> Any:
+def load_extern_object(module_path: str | None, object_name: str | None) -> Any:
     """Attribute ``object_name`` (function, class or constant) of the module at ``module_path``.
 
-    Raises AttributeError listing the module's public names when ``object_name`` is missing.
+    Returns None when no module is configured (``module_path`` None or ``""``). Raises ValueError when a module is
+    given without a name, AttributeError (upstream's "Object not found in module" first) listing the module's
+    public names when ``object_name`` is missing.
     """
     module = load_module(module_path)
+    if module is None:
+        return None
+    if not object_name:
+        raise ValueError(f"load_extern_object: a name is required to load an object from {module_path!r}.")
     if not hasattr(module, object_name):
         raise AttributeError(
-            f"{object_name!r} not found in {module_path!r}. Public names there: {', '.join(_public_names(module))}."
+            f"Object not found in module: object_name={object_name!r}, module_path={module_path!r}. "
+            f"Public names there: {', '.join(_public_names(module))}."
         )
     return getattr(module, object_name)
 
 
 def load_extern_type(file_path: str | None, type_name: str | None) -> Any:
-    """Upstream's older name for :func:`load_extern_object`; returns None when no file is configured."""
-    if not file_path:
-        return None
-    if not type_name:
-        raise ValueError(f"load_extern_type: a name is required to load an object from {file_path!r}.")
+    """Upstream's older name for :func:`load_extern_object` (same behaviour, None when no file is configured)."""
     return load_extern_object(file_path, type_name)
 
 
