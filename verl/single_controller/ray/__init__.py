@@ -1,6 +1,7 @@
 """Ray backend of the single controller: resource pools (placement groups), worker groups, colocated roles."""
 
 from verl.single_controller.ray.base import (
+    MANAGED_WORKER_ENV,
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
@@ -12,6 +13,7 @@ from verl.single_controller.ray.base import (
 )
 
 __all__ = [
+    "MANAGED_WORKER_ENV",
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",

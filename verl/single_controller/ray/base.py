@@ -10,9 +10,15 @@ from verl.single_controller.ray.resource_pool import (
     sort_placement_group_by_node_ip,
     split_resource_pool,
 )
-from verl.single_controller.ray.worker_group import RayClassWithInitArgs, RayWorkerGroup, get_random_string
+from verl.single_controller.ray.worker_group import (
+    MANAGED_WORKER_ENV,
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    get_random_string,
+)
 
 __all__ = [
+    "MANAGED_WORKER_ENV",
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",
