@@ -27,6 +27,9 @@ class Platform:
         visible_devices_envvar: env var that restricts which devices a process sees (None on CPU).
         ray_resource_name: Ray resource that counts these devices (``"CPU" | "GPU" | "NPU"``).
         ray_noset_envvars: env vars that stop Ray from rewriting ``visible_devices_envvar`` in workers.
+        profiler_activity: ``torch.profiler.ProfilerActivity`` member that records this device's kernels
+            (``"CUDA"``; ``"PrivateUse1"`` for out-of-tree devices such as Ascend), None when the CPU activity
+            covers it.
     """
 
     device_name: str = ""
@@ -35,6 +38,7 @@ class Platform:
     visible_devices_envvar: str | None = None
     ray_resource_name: str = ""
     ray_noset_envvars: tuple[str, ...] = ()
+    profiler_activity: str | None = None
 
     # ---- availability -------------------------------------------------------------------------------------
 

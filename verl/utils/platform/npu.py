@@ -71,6 +71,7 @@ class NpuPlatform(Platform):
     comm_backend = "hccl"
     visible_devices_envvar = "ASCEND_RT_VISIBLE_DEVICES"
     ray_resource_name = "NPU"
+    profiler_activity = "PrivateUse1"
     ray_noset_envvars = ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",)
 
     def is_torch_npu_importable(self) -> bool:
