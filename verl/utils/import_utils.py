@@ -11,11 +11,14 @@ actor on another process that cannot import the file by name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -51,6 +54,11 @@ def is_megatron_core_available() -> bool:
 def is_trl_available() -> bool:
     """True when TRL is installed."""
     return _has_module("trl")
+
+
+def is_msprobe_available() -> bool:
+    """True when msprobe (the Ascend precision debugger) is installed."""
+    return _has_module("msprobe")
 
 
 def is_nvtx_available() -> bool:
@@ -151,3 +159,25 @@ def import_external_libs(external_libs: str | list[str] | None = None) -> None:
         return
     for name in [external_libs] if isinstance(external_libs, str) else external_libs:
         importlib.import_module(name)
+
+
+def deprecated(replacement: str = "") -> Callable[[Any], Any]:
+    """Decorator marking a function or class as deprecated: each call (or instantiation) emits a FutureWarning
+    naming it and, if given, its ``replacement``."""
+
+    def decorator(obj: Any) -> Any:
+        message = f"Warning: {'Class' if isinstance(obj, type) else 'Function'} '{obj.__module__}.{obj.__qualname__}' "
+        message += "is deprecated." + (f" Please use '{replacement}' instead." if replacement else "")
+        target = obj.__init__ if isinstance(obj, type) else obj
+
+        @functools.wraps(target)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            warnings.warn(message, category=FutureWarning, stacklevel=2)
+            return target(*args, **kwargs)
+
+        if isinstance(obj, type):
+            obj.__init__ = wrapped
+            return obj
+        return wrapped
+
+    return decorator

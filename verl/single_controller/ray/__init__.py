@@ -11,6 +11,7 @@ from verl.single_controller.ray.base import (
     merge_resource_pool,
     split_resource_pool,
 )
+from verl.upstream_gaps import missing_name_getattr
 
 __all__ = [
     "MANAGED_WORKER_ENV",
@@ -23,3 +24,6 @@ __all__ = [
     "merge_resource_pool",
     "split_resource_pool",
 ]
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

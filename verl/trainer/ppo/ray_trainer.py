@@ -31,7 +31,12 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from verl import DataProto
-from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from verl.single_controller.ray import (  # noqa: F401 - ResourcePoolManager: upstream imports it from here
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    ResourcePoolManager,
+    create_colocated_worker_cls,
+)
 from verl.trainer.ppo import core_algos, trainer_checkpoint
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
