@@ -513,3 +513,30 @@ def test_readme_table_is_the_reviewed_list():
     text = README.read_text()
     start, end = (text.index(marker) for marker in GAP_MARKERS)
     assert text[start + len(GAP_MARKERS[0]) : end].strip() == upstream_gaps.render_markdown()
+
+
+# ------------------------------------------------------------------------------------- config dataclass defaults
+
+COMPAT_DOC = Path(__file__).resolve().parents[1] / "docs" / "upstream_compat.md"
+DEFAULTS_MARKERS = ("<!-- config-defaults:start -->", "<!-- config-defaults:end -->")
+
+
+def test_config_defaults_match_upstream_or_are_recorded(upstream_defaults):
+    """Every default of every upstream config dataclass that exists here (UPSTREAM_DEFAULTS, recorded from
+    upstream's source) equals upstream's, or its (class, field) is in DEVIATIONS with the reason; no recorded
+    deviation is stale. Among them: FSDPOptimizerConfig().min_lr_ratio is None and AlgoConfig().pf_ppo is not
+    given, as upstream's classes declare."""
+    upstream = upstream_defaults
+    assert sorted(upstream.drift() - set(upstream.DEVIATIONS)) == []  # unrecorded drift
+    assert sorted(set(upstream.DEVIATIONS) - upstream.drift()) == []  # stale rows
+    from verl.trainer.config import AlgoConfig
+    from verl.workers.config import FSDPOptimizerConfig
+
+    assert FSDPOptimizerConfig().min_lr_ratio is None and AlgoConfig().pf_ppo is None
+
+
+def test_defaults_table_in_the_docs_is_the_recorded_one(upstream_defaults):
+    upstream = upstream_defaults
+    text = COMPAT_DOC.read_text()
+    start, end = (text.index(marker) for marker in DEFAULTS_MARKERS)
+    assert text[start + len(DEFAULTS_MARKERS[0]) : end].strip() == upstream.render_markdown()
