@@ -734,5 +734,6 @@ def render_markdown() -> str:
     for (cls, name), reason in sorted(DEVIATIONS.items()):
         here = our_default(cls, name)
         here_text = "absent" if here == ABSENT else f"`{here!r}`"
-        rows.append(f"| `{cls}.{name}` | `{UPSTREAM_DEFAULTS[cls][name]!r}` | {here_text} | {reason} |")
+        why = reason.replace("|", "\\|")  # a bare | would start a new column
+        rows.append(f"| `{cls}.{name}` | `{UPSTREAM_DEFAULTS[cls][name]!r}` | {here_text} | {why} |")
     return "\n".join(rows)

@@ -32,7 +32,7 @@ __all__ = [
     "render_markdown",
 ]
 
-_FSDP = "train with actor_rollout_ref.actor.strategy=fsdp|fsdp2 or model_engine=veomni"
+_FSDP = "train with actor_rollout_ref.actor.strategy=fsdp or fsdp2, or model_engine=veomni"
 MEGATRON = f"the Megatron backend (megatron-core / MindSpeed) is not part of verl-ascend; {_FSDP}"
 V1_TRAINER = (
     "upstream HEAD's TransferQueue-based v1 trainer (trainer.use_v1) is not part of verl-ascend, which runs the "
@@ -87,7 +87,7 @@ MISSING_MODULES: dict[str, str] = {
     "(torch.distributed.init_process_group with verl.utils.device.get_nccl_backend())",
     "verl.utils.torch_dtypes": "dtype names are parsed by verl.utils.fsdp_utils.to_torch_dtype",
     "verl.utils.metric": "reduce_metrics lives in verl.trainer.ppo.metric_utils",
-    "verl.utils.sglang": "the SGLang rollout is not supported (rollout.name=vllm | hf)",
+    "verl.utils.sglang": "the SGLang rollout is not supported (rollout.name=vllm or hf)",
     # verl.workers.config
     "verl.workers.config.distillation": HEAD_ONLY,
     "verl.workers.config.teacher": HEAD_ONLY,
@@ -239,7 +239,12 @@ def missing_name_getattr(module_name: str) -> Callable[[str], Any]:
 def render_markdown() -> str:
     """The README table: one row per missing module or name, with its reason."""
     rows = ["| upstream module or name | why it is missing here |", "|---|---|"]
-    rows += [f"| `{module}` (module) | {reason} |" for module, reason in sorted(MISSING_MODULES.items())]
+    rows += [f"| `{module}` (module) | {_cell(reason)} |" for module, reason in sorted(MISSING_MODULES.items())]
     for module, names in sorted(MISSING_NAMES.items()):
-        rows += [f"| `{module}.{name}` | {reason} |" for name, reason in sorted(names.items())]
+        rows += [f"| `{module}.{name}` | {_cell(reason)} |" for name, reason in sorted(names.items())]
     return "\n".join(rows)
+
+
+def _cell(text: str) -> str:
+    """``text`` as a Markdown table cell: a bare ``|`` would start a new column."""
+    return text.replace("|", "\\|")

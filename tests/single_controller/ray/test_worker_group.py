@@ -146,11 +146,17 @@ def test_each_rank_gets_torchrun_env(probe_group):
 
 
 @pytest.mark.parametrize("managed", ["WORLD_SIZE", "MASTER_PORT", "RANK"])
-def test_worker_env_refuses_managed_variables(pool, managed):
-    """Overriding a variable the group sets per rank raises ValueError naming it, before any worker starts (the
-    2-CPU pool is fully taken by probe_group, so starting one would hang instead)."""
+def test_worker_env_refuses_managed_variables(probe_group, managed):
+    """Overriding a variable the group sets per rank raises ValueError naming it. RayWorkerGroup.__init__ checks
+    worker_env before it touches the resource pool or the workers, on every construction path; it is exercised here
+    on a group over probe_group's workers because the 2-CPU pool is taken by probe_group: a group on the pool would,
+    without the check, wait for CPUs forever instead of failing."""
     with pytest.raises(ValueError, match=f"worker_env sets {managed}, which the worker group manages"):
-        RayWorkerGroup(pool, RayClassWithInitArgs(ProbeWorker), worker_env={managed: "100", "OK_KEY": "1"})
+        RayWorkerGroup(
+            worker_handles=probe_group.workers,
+            ray_cls_with_init=RayClassWithInitArgs(ProbeWorker),
+            worker_env={managed: "100", "OK_KEY": "1"},
+        )
 
 
 def test_managed_list_is_what_each_rank_gets(probe_group):
