@@ -25,3 +25,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
+
+
+def _load_upstream_config_defaults():
+    """tests/upstream_config_defaults.py (upstream's recorded config defaults), loaded by path: with
+    --import-mode=importlib the tests directory is not on sys.path."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "upstream_config_defaults"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def upstream_defaults():
+    return _load_upstream_config_defaults()

@@ -88,3 +88,45 @@ def test_config_error_rebases_key_path():
     assert str(full) == (
         "actor_rollout_ref.actor.fsdp_config.strategy: (fsdp) contradicts actor_rollout_ref.actor.strategy (fsdp2)"
     )
+
+
+@dataclass
+class _WithProperty(BaseConfig):
+    # Upstream's subclass style: _mutable_fields built from the base with a set union.
+    _mutable_fields = BaseConfig._mutable_fields | {"n"}
+
+    n: int = 2
+    per_node: int = 4
+
+    @property
+    def total(self) -> int:
+        return self.n * self.per_node
+
+
+def test_runtime_attributes_that_upstream_code_sets_are_allowed():
+    """Upstream code attaches non-key attributes at run time (HFModelConfig.share_embeddings_and_output_weights,
+    ActorConfig.global_batch_info): that works, the attribute reads through cfg[...] / cfg.get like upstream, and it
+    is not a config key (not in keys(), equality, to_dict())."""
+    cfg = _Outer()
+    cfg.share_embeddings_and_output_weights = True
+    cfg.global_batch_info = {"dp_size": 2}
+    cfg.global_batch_info = {"dp_size": 4}  # runtime attributes stay assignable
+    assert cfg.share_embeddings_and_output_weights is True
+    assert cfg["global_batch_info"] == {"dp_size": 4} and cfg.get("global_batch_info") == {"dp_size": 4}
+    assert "global_batch_info" in cfg and "global_batch_info" not in list(cfg.keys())
+    assert cfg == _Outer() and "global_batch_info" not in cfg.to_dict()
+    assert pickle.loads(pickle.dumps(cfg)).global_batch_info == {"dp_size": 4}
+
+
+def test_properties_read_through_the_mapping_interface_and_upstream_mutable_style():
+    """cfg["total"] / cfg.get("total") read a property (upstream's __getitem__ is getattr); methods are not keys.
+    A `_mutable_fields = BaseConfig._mutable_fields | {...}` subclass works as upstream's."""
+    cfg = _WithProperty(n=3)
+    assert cfg["total"] == 12 and cfg.get("total") == 12
+    assert "to_dict" not in cfg and cfg.get("to_dict") is None
+    cfg.n = 5
+    assert cfg.total == 20
+    with pytest.raises(FrozenInstanceError):
+        cfg.per_node = 1
+    with pytest.raises(AttributeError, match="Did you mean: per_node"):
+        cfg.pernode = 1  # a typo of a key is still refused

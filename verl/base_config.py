@@ -4,12 +4,18 @@ Upstream user code treats config nodes as mappings (`cfg["lr"]`, `cfg.get("lr")`
 used to be OmegaConf `DictConfig`s. `BaseConfig` keeps that surface while the values live in typed dataclass
 fields, so each default has exactly one home (the dataclass field) and typos fail loudly:
 
-* read like a read-only Mapping: `cfg["k"]`, `cfg.get("k")`, `"k" in cfg`, `keys()`, `items()`, `len(cfg)`,
-  iteration over field names;
+* read like a read-only Mapping: `cfg["k"]`, `cfg.get("k")`, `"k" in cfg` over the declared fields, and, as
+  upstream, over properties and runtime attributes (`cfg["n_gpus"]`); `keys()`, `items()`, `len(cfg)` and
+  iteration cover the declared fields only;
 * frozen after construction: re-assigning a field raises `dataclasses.FrozenInstanceError`, except for the
   names a subclass lists in `_mutable_fields` (per-rank batch sizes a worker normalises, for instance);
-* closed: assigning an attribute that is not a field raises `AttributeError` naming the class and the
-  closest field names, so `cfg.ppo_mini_batchsize = 8` can never silently create a new attribute.
+* closed for config keys: a key that is not a field is refused when the config is built (by
+  `omega_conf_to_dataclass`, naming the full key path). After construction, code may attach runtime attributes
+  that are not config keys (upstream sets e.g. `model_config.share_embeddings_and_output_weights` or
+  `actor_config.global_batch_info`); but an attribute whose name is close to a field's
+  (`cfg.ppo_mini_batchsize = 8`) is a typo of a config key and raises `AttributeError` naming that field, so it
+  can never silently create a second, ignored setting. Runtime attributes take no part in equality,
+  iteration or `to_dict()`.
 
 Cross-field checks live in each subclass's `__post_init__` and raise `ConfigError` (a `ValueError`) naming the
 key relative to the node; `verl.utils.config.omega_conf_to_dataclass` prefixes the full key path
@@ -64,6 +70,15 @@ def closest_names(name: str, candidates: collections.abc.Iterable[str]) -> str:
     return f" Did you mean: {', '.join(matches)}?" if matches else ""
 
 
+# Similarity (difflib ratio) above which a new attribute name counts as a typo of a field name:
+# "ppo_mini_batchsize" vs "ppo_mini_batch_size" is 0.97, "global_batch_info" vs any actor key below 0.6.
+_TYPO_CUTOFF = 0.8
+
+
+def _is_property(cls: type, name: str) -> bool:
+    return isinstance(getattr(cls, name, None), property)
+
+
 @dataclass
 class BaseConfig(collections.abc.Mapping):
     """A dataclass that is also a read-only Mapping over its field names (see the module docstring)."""
@@ -78,14 +93,22 @@ class BaseConfig(collections.abc.Mapping):
     def __setattr__(self, name: str, value: Any) -> None:
         fields = self.__dataclass_fields__
         if name not in fields:
-            raise AttributeError(
-                f"{type(self).__name__} has no config key {name!r}.{closest_names(name, fields)} "
-                f"Config objects are closed: add the field to the dataclass instead."
-            )
+            self._set_runtime_attribute(name, value)
+            return
         if name in self.__dict__ and name not in self._mutable_fields:
             raise FrozenInstanceError(
                 f"{type(self).__name__}.{name} is frozen after construction; derive a new config with "
                 f"dataclasses.replace(cfg, {name}=...) instead of mutating this one."
+            )
+        object.__setattr__(self, name, value)
+
+    def _set_runtime_attribute(self, name: str, value: Any) -> None:
+        """Attach a non-config attribute, unless ``name`` looks like a typo of a config key (see the docstring)."""
+        close = difflib.get_close_matches(name, list(self.__dataclass_fields__), n=3, cutoff=_TYPO_CUTOFF)
+        if close:
+            raise AttributeError(
+                f"{type(self).__name__} has no config key {name!r}. Did you mean: {', '.join(close)}? Config keys "
+                f"are the dataclass fields; a runtime attribute needs a name that is not close to one of them."
             )
         object.__setattr__(self, name, value)
 
@@ -97,9 +120,11 @@ class BaseConfig(collections.abc.Mapping):
 
     # ---- read-only Mapping over field names (compatibility with code written for DictConfig) ----
     def __getitem__(self, key: str) -> Any:
-        if not isinstance(key, str) or key not in self.__dataclass_fields__:
+        if not isinstance(key, str):
             raise KeyError(key)
-        return getattr(self, key)
+        if key in self.__dataclass_fields__ or key in self.__dict__ or _is_property(type(self), key):
+            return getattr(self, key)
+        raise KeyError(key)
 
     def __iter__(self) -> Iterator[str]:
         return iter(f.name for f in dataclasses.fields(self))

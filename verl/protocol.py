@@ -48,6 +48,7 @@ from verl._protocol_utils import unfold_batch_dim as unfold_batch_dim
 from verl._protocol_utils import union_numpy_dict as union_numpy_dict
 from verl._protocol_utils import union_tensor_dict as union_tensor_dict
 from verl._protocol_utils import unpad_dataproto as unpad_dataproto
+from verl.upstream_gaps import missing_name_getattr
 from verl.utils.py_functional import list_of_dict_to_dict_of_list, union_two_dict
 
 __all__ = ["DataProto", "union_tensor_dict"]
@@ -602,3 +603,6 @@ def _torch_save_bytes(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

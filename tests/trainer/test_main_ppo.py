@@ -87,3 +87,62 @@ def test_custom_sampler_is_built_from_the_data_config(tmp_path):
         create_rl_sampler(config("NotASampler"), dataset)
     with pytest.raises(ConfigError, match=r"data\.sampler\.class_name: is not set"):
         create_rl_sampler(config(None), dataset)
+
+
+def test_runtime_env_declares_every_field_ray_accepts():
+    """ray_kwargs.ray_init.runtime_env declares (null) every public field of the installed Ray's RuntimeEnv, so any
+    of them is a plain Hydra override; a field a future Ray adds fails here until it is declared."""
+    import inspect
+
+    from ray.runtime_env import RuntimeEnv
+
+    from verl.trainer.config.trainer import RAY_RUNTIME_ENV_FIELDS
+
+    constructor = {p for p in inspect.signature(RuntimeEnv.__init__).parameters if p not in ("self", "kwargs")}
+    ray_fields = {f for f in RuntimeEnv.known_fields | constructor if not f.startswith("_")}
+    assert ray_fields == set(RAY_RUNTIME_ENV_FIELDS)
+
+
+def test_runtime_env_overrides_reach_ray_init(monkeypatch):
+    """Upstream recipes set ray_kwargs.ray_init.runtime_env.py_executable (Hydra refused it before). Overrides of
+    plain and dict-valued fields compose, and ray.init gets them with the unset (null) fields dropped and the
+    user's env_vars merged over the trainer's worker defaults (a user value wins)."""
+    from verl.trainer.config.legacy_reward import migrate_legacy_reward_impl
+    from verl.trainer.config.ppo_trainer import PPOTrainerConfig
+    from verl.trainer.main_ppo import ray_init_kwargs
+    from verl.utils.config import omega_conf_to_dataclass
+
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    config = compose_ppo(
+        [
+            "ray_kwargs.ray_init.runtime_env.py_executable=/opt/venv/bin/python",
+            "ray_kwargs.ray_init.runtime_env.working_dir=/srv/job",
+            "ray_kwargs.ray_init.runtime_env.env_vars={MY_KEY: v, NCCL_DEBUG: INFO}",
+            "+ray_kwargs.ray_init.runtime_env.env_vars.N_THREADS=4",
+            "ray_kwargs.ray_init.num_cpus=4",
+        ]
+    )
+    omega_conf_to_dataclass(migrate_legacy_reward_impl(config), PPOTrainerConfig)  # the typed config accepts it
+    kwargs = ray_init_kwargs(config.ray_kwargs.ray_init)
+    env = kwargs["runtime_env"]
+    assert kwargs["num_cpus"] == 4 and env["py_executable"] == "/opt/venv/bin/python"
+    assert env["working_dir"] == "/srv/job"
+    assert env["env_vars"]["MY_KEY"] == "v" and env["env_vars"]["NCCL_DEBUG"] == "INFO"
+    assert env["env_vars"]["N_THREADS"] == "4"  # Hydra parses 4 as an int; Ray needs str values
+    assert env["env_vars"]["VLLM_LOGGING_LEVEL"] == "WARN"  # trainer default kept
+    assert set(env) == {"py_executable", "working_dir", "env_vars"}  # nulls dropped
+    default = ray_init_kwargs(compose_ppo().ray_kwargs.ray_init)
+    assert set(default) == {"runtime_env"} and set(default["runtime_env"]) == {"env_vars"}
+
+
+def compose_ppo(overrides=()):
+    """ppo_trainer.yaml composed by Hydra, as main_ppo sees it."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    import verl
+
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import hydra
 import ray
@@ -82,14 +83,24 @@ def check_ray_address(address: str | None, timeout_s: float = 5.0) -> None:
         ) from exc
 
 
+def ray_init_kwargs(ray_init: Any) -> dict[str, Any]:
+    """Keyword arguments of ``ray.init`` from ``ray_kwargs.ray_init``: null values dropped (also inside
+    ``runtime_env``, where they mean "unset"), the user's ``runtime_env`` merged over the trainer's worker
+    environment (a user env var wins over a default; values become strings, as Ray requires: a Hydra override
+    ``env_vars.N=1`` parses as an int), the head address checked."""
+    kwargs = OmegaConf.to_container(ray_init, resolve=True) if isinstance(ray_init, DictConfig) else dict(ray_init)
+    user_env = {k: v for k, v in (kwargs.pop("runtime_env", None) or {}).items() if v is not None}
+    runtime_env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(), user_env))
+    runtime_env["env_vars"] = {k: str(v) for k, v in runtime_env["env_vars"].items()}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    check_ray_address(kwargs.get("address"))
+    return {**kwargs, "runtime_env": runtime_env}
+
+
 def run_ppo(config: DictConfig) -> None:
     """Start (or attach to) Ray, run the TaskRunner actor to completion."""
     if not ray.is_initialized():
-        ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True)
-        runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(), ray_init.pop("runtime_env", None) or {})
-        ray_init = {k: v for k, v in ray_init.items() if v is not None}
-        check_ray_address(ray_init.get("address"))
-        ray.init(runtime_env=OmegaConf.to_container(runtime_env), include_dashboard=False, **ray_init)
+        ray.init(include_dashboard=False, **ray_init_kwargs(config.ray_kwargs.ray_init))
     runner = ray.remote(num_cpus=1)(TaskRunner).remote()
     ray.get(runner.run.remote(config))
 

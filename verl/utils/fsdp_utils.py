@@ -36,7 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: F401
 
+from verl.upstream_gaps import missing_name_getattr
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_wrap_policy import (  # noqa: F401  (upstream import path of the wrap-policy helpers)
     _get_optional,
@@ -85,7 +87,7 @@ def to_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def fsdp_version(model: nn.Module) -> int:
     """1 for an FSDP1 ``FullyShardedDataParallel``, 2 for an FSDP2 ``FSDPModule``, 0 otherwise (upstream name)."""
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
     if isinstance(model, FullyShardedDataParallel):
         return 1
@@ -357,7 +359,6 @@ class FSDP2Adapter(FSDPAdapter):
     strategy = "fsdp2"
 
     def mixed_precision(self, dtypes):
-        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         return MixedPrecisionPolicy(
             param_dtype=dtypes["param_dtype"], reduce_dtype=dtypes["reduce_dtype"], cast_forward_inputs=True
@@ -375,7 +376,7 @@ class FSDP2Adapter(FSDPAdapter):
         forward_prefetch=False,
         use_orig_params=False,
     ):
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import OffloadPolicy
 
         # pinning needs an accelerator (cpu_environment.md §3a)
         offload = CPUOffloadPolicy(pin_memory=get_device_name() != "cpu") if offload_params else OffloadPolicy()
@@ -392,7 +393,6 @@ class FSDP2Adapter(FSDPAdapter):
         return module
 
     def describe(self, module):
-        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
 
         states = [m._get_fsdp_state() for m in module.modules() if isinstance(m, FSDPModule)]
         groups = [s._fsdp_param_group for s in states if s._fsdp_param_group is not None]
@@ -558,3 +558,6 @@ def _current_device() -> torch.device:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

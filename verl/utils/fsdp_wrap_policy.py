@@ -72,7 +72,8 @@ def resolve_wrap_classes(module: nn.Module, class_names: Iterable[str], source: 
             resolved.add(cls)
     if not resolved:
         raise ValueError(
-            f"none of the layer classes {names} from {source} exists in {type(module).__name__}; set "
+            f"Could not find any of the transformer layer classes to wrap in the model: {names} (from {source}, "
+            f"model {type(module).__name__}); set "
             "fsdp_config.wrap_policy.transformer_layer_cls_to_wrap to the decoder layer class name(s)"
         )
     if missing:

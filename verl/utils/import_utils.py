@@ -11,16 +11,20 @@ actor on another process that cannot import the file by name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from functools import cache
 from types import ModuleType
 from typing import Any
 
 PKG_PREFIX = "pkg://"
+FILE_PREFIX = "file://"
 
 
 @cache
@@ -50,6 +54,11 @@ def is_megatron_core_available() -> bool:
 def is_trl_available() -> bool:
     """True when TRL is installed."""
     return _has_module("trl")
+
+
+def is_msprobe_available() -> bool:
+    """True when msprobe (the Ascend precision debugger) is installed."""
+    return _has_module("msprobe")
 
 
 def is_nvtx_available() -> bool:
@@ -83,16 +92,20 @@ def _exec_file_module(path: str, module_name: str | None) -> ModuleType:
     return module
 
 
-def load_module(module_path: str, module_name: str | None = None) -> ModuleType:
-    """Import ``pkg://dotted.module`` by name, or execute a ``.py`` file given by path (``~`` expanded).
+def load_module(module_path: str | None, module_name: str | None = None) -> ModuleType | None:
+    """Import ``pkg://dotted.module`` (or ``pkg://dotted/module``) by name, or execute a ``.py`` file given by path
+    (optionally ``file://``-prefixed, ``~`` expanded).
 
-    ``module_name``: register the file module in ``sys.modules`` under this name (by default it is not kept there,
-    see the module docstring). Raises FileNotFoundError for a missing file, ImportError when it fails to run.
+    ``None`` or ``""`` is the "nothing configured" case and returns None, as upstream (config keys such as
+    ``custom_reward_function.path`` default to null). ``module_name``: register the file module in ``sys.modules``
+    under this name (by default it is not kept there, see the module docstring). Raises FileNotFoundError for a
+    missing file, ImportError when it fails to run.
     """
     if not module_path:
-        raise ValueError("load_module: module_path is empty; give a .py file path or 'pkg://dotted.module'.")
+        return None
     if module_path.startswith(PKG_PREFIX):
-        return importlib.import_module(module_path[len(PKG_PREFIX) :])
+        return importlib.import_module(module_path[len(PKG_PREFIX) :].replace("/", "."))
+    module_path = module_path.removeprefix(FILE_PREFIX)
     path = os.path.abspath(os.path.expanduser(module_path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Python file {module_path!r} not found (resolved to {path!r}).")
@@ -104,25 +117,28 @@ def _public_names(module: ModuleType) -> list[str]:
     return sorted(name for name in vars(module) if not name.startswith("_"))
 
 
-def load_extern_object(module_path: str, object_name: str) -> Any:
+def load_extern_object(module_path: str | None, object_name: str | None) -> Any:
     """Attribute ``object_name`` (function, class or constant) of the module at ``module_path``.
 
-    Raises AttributeError listing the module's public names when ``object_name`` is missing.
+    Returns None when no module is configured (``module_path`` None or ``""``). Raises ValueError when a module is
+    given without a name, AttributeError (upstream's "Object not found in module" first) listing the module's
+    public names when ``object_name`` is missing.
     """
     module = load_module(module_path)
+    if module is None:
+        return None
+    if not object_name:
+        raise ValueError(f"load_extern_object: a name is required to load an object from {module_path!r}.")
     if not hasattr(module, object_name):
         raise AttributeError(
-            f"{object_name!r} not found in {module_path!r}. Public names there: {', '.join(_public_names(module))}."
+            f"Object not found in module: object_name={object_name!r}, module_path={module_path!r}. "
+            f"Public names there: {', '.join(_public_names(module))}."
         )
     return getattr(module, object_name)
 
 
 def load_extern_type(file_path: str | None, type_name: str | None) -> Any:
-    """Upstream's older name for :func:`load_extern_object`; returns None when no file is configured."""
-    if not file_path:
-        return None
-    if not type_name:
-        raise ValueError(f"load_extern_type: a name is required to load an object from {file_path!r}.")
+    """Upstream's older name for :func:`load_extern_object` (same behaviour, None when no file is configured)."""
     return load_extern_object(file_path, type_name)
 
 
@@ -143,3 +159,25 @@ def import_external_libs(external_libs: str | list[str] | None = None) -> None:
         return
     for name in [external_libs] if isinstance(external_libs, str) else external_libs:
         importlib.import_module(name)
+
+
+def deprecated(replacement: str = "") -> Callable[[Any], Any]:
+    """Decorator marking a function or class as deprecated: each call (or instantiation) emits a FutureWarning
+    naming it and, if given, its ``replacement``."""
+
+    def decorator(obj: Any) -> Any:
+        message = f"Warning: {'Class' if isinstance(obj, type) else 'Function'} '{obj.__module__}.{obj.__qualname__}' "
+        message += "is deprecated." + (f" Please use '{replacement}' instead." if replacement else "")
+        target = obj.__init__ if isinstance(obj, type) else obj
+
+        @functools.wraps(target)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            warnings.warn(message, category=FutureWarning, stacklevel=2)
+            return target(*args, **kwargs)
+
+        if isinstance(obj, type):
+            obj.__init__ = wrapped
+            return obj
+        return wrapped
+
+    return decorator

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from verl.upstream_gaps import missing_name_getattr
+
 __all__ = [
     "DynamicEnum",
     "DynamicEnumMeta",
@@ -195,3 +197,6 @@ def _lookup_dynamic_enum_member(module: str, qualname: str, name: str) -> Dynami
 def flatten(list_of_lists: Iterable[Iterable[Any]]) -> list[Any]:
     """``[[1, 2], [3]] -> [1, 2, 3]``."""
     return [item for sub in list_of_lists for item in sub]
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

@@ -8,6 +8,8 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 
+from verl.upstream_gaps import missing_name_getattr
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["hf_tokenizer", "hf_processor", "set_pad_token_id", "build_offline_tokenizer", "CHATML_TEMPLATE"]
@@ -136,3 +138,6 @@ def build_offline_tokenizer(
     if save_dir is not None:
         tokenizer.save_pretrained(save_dir)
     return tokenizer
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from verl.upstream_gaps import missing_name_getattr
 from verl.utils.packing import PackedBatch, validate_cu_seqlens
 
 if TYPE_CHECKING:
@@ -435,3 +436,6 @@ class FSDPUlyssesShardingManager:
         if sp_size == 1:
             return data
         return data.chunk(chunks=sp_size)[get_ulysses_sequence_parallel_rank(group)]
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

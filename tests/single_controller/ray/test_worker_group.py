@@ -1,6 +1,7 @@
 """The Ray backend on a real local cluster (one Ray session for the module, 2 CPUs, 2 workers of 1 CPU).
 
-Checked: placement-group bundles on a CPU-only platform, the per-rank environment, a gloo all_reduce and an
+Checked: placement-group bundles on a CPU-only platform, the per-rank environment (with the caller's
+``worker_env``, and its refusal of the variables the group manages), a gloo all_reduce and an
 all-gather of a DataProto using only that environment, DP_COMPUTE_PROTO splitting with auto-padding removal,
 ONE_TO_ALL / RANK_ZERO, n-d mesh dispatch with collect flags, non-blocking calls returning DataProtoFutures,
 pool-size errors, and colocated roles in one actor process. Workers add ``1000 * rank + offset`` to the rows
@@ -25,6 +26,7 @@ from verl.single_controller.base.decorator import (
     register,
 )
 from verl.single_controller.ray import (
+    MANAGED_WORKER_ENV,
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
@@ -46,6 +48,7 @@ class ProbeWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def env(self) -> dict:
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VERL_PLATFORM")
+        keys += ("VERL_TEST_WORKER_ENV",)
         return {**{k: os.environ.get(k) for k in keys}, "pid": os.getpid(), "rank_prop": self.rank}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -118,7 +121,8 @@ def pool():
 
 @pytest.fixture(scope="module")
 def probe_group(pool):
-    return RayWorkerGroup(pool, RayClassWithInitArgs(ray.remote(ProbeWorker), offset=10))
+    worker_env = {"VERL_TEST_WORKER_ENV": "from-worker-env"}
+    return RayWorkerGroup(pool, RayClassWithInitArgs(ray.remote(ProbeWorker), offset=10), worker_env=worker_env)
 
 
 def test_cpu_platform_bundles_are_cpu_only(pool):
@@ -137,7 +141,29 @@ def test_each_rank_gets_torchrun_env(probe_group):
         assert (env["RANK"], env["WORLD_SIZE"], env["rank_prop"]) == (str(rank), "2", rank)
         assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["VERL_PLATFORM"]) == (str(rank), "2", "cpu")
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (probe_group.master_address, probe_group.master_port)
+        assert env["VERL_TEST_WORKER_ENV"] == "from-worker-env"  # worker_env reaches every rank
     assert envs[0]["pid"] != envs[1]["pid"]
+
+
+@pytest.mark.parametrize("managed", ["WORLD_SIZE", "MASTER_PORT", "RANK"])
+def test_worker_env_refuses_managed_variables(probe_group, managed):
+    """Overriding a variable the group sets per rank raises ValueError naming it. RayWorkerGroup.__init__ checks
+    worker_env before it touches the resource pool or the workers, on every construction path; it is exercised here
+    on a group over probe_group's workers because the 2-CPU pool is taken by probe_group: a group on the pool would,
+    without the check, wait for CPUs forever instead of failing."""
+    with pytest.raises(ValueError, match=f"worker_env sets {managed}, which the worker group manages"):
+        RayWorkerGroup(
+            worker_handles=probe_group.workers,
+            ray_cls_with_init=RayClassWithInitArgs(ProbeWorker),
+            worker_env={managed: "100", "OK_KEY": "1"},
+        )
+
+
+def test_managed_list_is_what_each_rank_gets(probe_group):
+    """MANAGED_WORKER_ENV (what worker_env may not set) is exactly the per-rank part of the environment: the rank
+    env minus the platform's collective settings and the caller's worker_env."""
+    env = probe_group._rank_env(rank=0, world_size=2, local_rank=0, local_world_size=2)
+    assert set(env) - {"VERL_TEST_WORKER_ENV"} == set(MANAGED_WORKER_ENV)
 
 
 def test_gloo_all_reduce_and_all_gather_from_group_env(probe_group):
@@ -213,3 +239,16 @@ def test_colocated_roles_share_one_process(pool, probe_group):
     fused.fuse({"probe", "critic"})
     assert fused.critic.mark(rows(2)).batch["y"].tolist() == [0, -1]
     assert np.array_equal(views["probe"].mark_dp(rows(2)).batch["y"].numpy(), np.array([5, 1006]))
+
+
+def test_worker_env_check_refuses_the_visible_devices_variable():
+    """On a platform with a visible-devices variable (Ascend: ASCEND_RT_VISIBLE_DEVICES) Ray assigns it per actor,
+    so worker_env may not set it; other variables pass through as strings (Ray's env_vars are str -> str)."""
+    from verl.single_controller.ray.worker_group import checked_worker_env
+
+    with pytest.raises(ValueError, match="worker_env sets ASCEND_RT_VISIBLE_DEVICES"):
+        checked_worker_env({"ASCEND_RT_VISIBLE_DEVICES": "0,1"}, "ASCEND_RT_VISIBLE_DEVICES")
+    assert checked_worker_env({"HCCL_CONNECT_TIMEOUT": 1800}, "ASCEND_RT_VISIBLE_DEVICES") == {
+        "HCCL_CONNECT_TIMEOUT": "1800"
+    }
+    assert checked_worker_env(None, None) == {}

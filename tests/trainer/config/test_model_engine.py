@@ -58,12 +58,14 @@ def test_default_family_is_dp(compose_config):
     assert type(built.actor_rollout_ref.ref) is FSDPRefConfig
 
 
-def test_veomni_yaml_equals_the_veomni_dataclasses(compose_config):
+def test_veomni_yaml_equals_the_veomni_dataclasses(compose_config, upstream_defaults):
     """Every key and default of the composed veomni actor/ref subtrees is the VeOmni dataclasses' (one home per
-    default), the engine blocks included; the reference engine is forward-only."""
+    default; upstream's optim.min_lr_ratio split on its YAML side), the engine blocks included; the reference
+    engine is forward-only."""
     tree = OmegaConf.to_container(compose_config(["model_engine=veomni"]), resolve=True)
     arr = tree["actor_rollout_ref"]
-    assert _leaves(arr["actor"]) == _leaves(dataclasses.asdict(VeOmniActorConfig()))
+    actor = upstream_defaults.with_yaml_side(VeOmniActorConfig(), prefix="actor_rollout_ref.actor")
+    assert _leaves(arr["actor"]) == _leaves(dataclasses.asdict(actor))
     assert _leaves(arr["ref"]) == _leaves(dataclasses.asdict(VeOmniRefConfig()))
     assert arr["ref"]["veomni"]["forward_only"] is True
     assert set(arr["actor"]["veomni"]) - {"_target_"} == {f.name for f in dataclasses.fields(VeOmniEngineConfig)} - {
@@ -71,7 +73,7 @@ def test_veomni_yaml_equals_the_veomni_dataclasses(compose_config):
     }
 
 
-def test_veomni_family_builds_veomni_roles_and_an_fsdp2_critic(compose_config):
+def test_veomni_family_builds_veomni_roles_and_an_fsdp2_critic(compose_config, upstream_defaults):
     """model_engine=veomni: the typed config is the default one with the VeOmni actor/ref and the FSDP2 critic
     (there is no VeOmni value engine)."""
     built = omega_conf_to_dataclass(
@@ -82,7 +84,7 @@ def test_veomni_family_builds_veomni_roles_and_an_fsdp2_critic(compose_config):
         actor_rollout_ref=ActorRolloutRefConfig(actor=VeOmniActorConfig(), ref=VeOmniRefConfig()),
         critic=FSDPCriticConfig(strategy="fsdp2"),
     )
-    assert built == expected
+    assert built == upstream_defaults.with_yaml_side(expected)
     assert built.actor_rollout_ref.actor.engine_config is built.actor_rollout_ref.actor.veomni
     typed = _typed(compose_config, "model_engine=veomni", "actor_rollout_ref.actor.veomni.expert_parallel_size=2")
     assert typed.actor_rollout_ref.actor.veomni.expert_parallel_size == 2

@@ -1,8 +1,13 @@
-"""The YAML tree and the config dataclasses hold the same keys and the same defaults (one home per default)."""
+"""The YAML tree and the config dataclasses hold the same keys and the same defaults (one home per default).
+
+The only exceptions are upstream's own class/YAML splits of a "not configured" sentinel, mirrored as upstream has
+them and listed in tests/upstream_config_defaults.py (YAML_SPLIT_LEAVES; optional sub-configs such as
+AlgoConfig.pf_ppo are None in the class and written out with their class's defaults in the YAML)."""
 
 import ast
 import dataclasses
 import re
+import typing
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -18,22 +23,37 @@ PACKAGE = Path(verl.__file__).parent
 CONFIG_DIR = PACKAGE / "trainer" / "config"
 
 
+def _optional_config_class(cls, name):
+    """The config class of a field annotated ``Optional[SomeConfig]`` (None for any other field)."""
+    hint = typing.get_type_hints(cls).get(name)
+    options = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(options) == 1 and isinstance(options[0], type) and issubclass(options[0], BaseConfig):
+        return options[0]
+    return None
+
+
+def _subtree(owner_cls, name, value):
+    """A field's default as a tree: nested configs recurse; an optional sub-config that is None by default
+    (upstream's "not given", e.g. AlgoConfig.pf_ppo) is written out in the YAML with its class's defaults, so its
+    YAML leaves are compared with that class's defaults."""
+    if isinstance(value, BaseConfig):
+        return _default_tree_of_instance(value)
+    optional = _optional_config_class(owner_cls, name) if value is None else None
+    return _default_tree(optional) if optional is not None else value
+
+
 def _default_tree(cls):
     """{field: default} of `cls` without running any parent's __post_init__ links (nested configs recurse)."""
-    tree = {}
-    for f in dataclasses.fields(cls):
-        if f.name == "_target_":
-            continue
-        value = field_default(cls, f.name)
-        tree[f.name] = _default_tree_of_instance(value) if isinstance(value, BaseConfig) else value
-    return tree
+    return {
+        f.name: _subtree(cls, f.name, field_default(cls, f.name))
+        for f in dataclasses.fields(cls)
+        if f.name != "_target_"
+    }
 
 
 def _default_tree_of_instance(obj):
     return {
-        f.name: _default_tree_of_instance(getattr(obj, f.name))
-        if isinstance(getattr(obj, f.name), BaseConfig)
-        else getattr(obj, f.name)
+        f.name: _subtree(type(obj), f.name, getattr(obj, f.name))
         for f in dataclasses.fields(obj)
         if f.name != "_target_"
     }
@@ -99,7 +119,7 @@ _DERIVED_LEAVES = {
 }
 
 
-def test_yaml_defaults_equal_dataclass_defaults(compose_config):
+def test_yaml_defaults_equal_dataclass_defaults(compose_config, upstream_defaults):
     """Each resolved YAML leaf equals the default of its dataclass field (YAML 1 == dataclass 1.0 is ok).
 
     The defaults are read from PPOTrainerConfig(), i.e. after __post_init__; the only leaves that differ are
@@ -112,19 +132,28 @@ def test_yaml_defaults_equal_dataclass_defaults(compose_config):
     mismatches = {
         k: (yaml_leaves[k], defaults[k])
         for k in yaml_leaves
-        if yaml_leaves[k] != defaults.get(k) and k not in _DERIVED_LEAVES
+        if yaml_leaves[k] != defaults.get(k)
+        and k not in _DERIVED_LEAVES
+        and k not in upstream_defaults.YAML_SPLIT_LEAVES
     }
     assert mismatches == {}
+    for (
+        key,
+        yaml_value,
+    ) in upstream_defaults.YAML_SPLIT_LEAVES.items():  # upstream's own class/YAML split, mirrored as upstream has it
+        assert (yaml_leaves[key], defaults[key]) == (yaml_value, None), key
     for key, yaml_value in _DERIVED_LEAVES.items():
         assert yaml_leaves[key] == yaml_value == FSDPEngineConfig().strategy, key
         assert defaults[key] == "fsdp"  # derived from actor_rollout_ref.actor.strategy (default fsdp)
 
 
-def test_built_from_yaml_equals_built_from_defaults(compose_config):
-    """Converting the composed YAML gives exactly PPOTrainerConfig() (so __post_init__ links agree too)."""
+def test_built_from_yaml_equals_built_from_defaults(compose_config, upstream_defaults):
+    """Converting the composed YAML gives exactly PPOTrainerConfig() (so __post_init__ links agree too), up to
+    upstream's "not configured" sentinels: the YAML side of each split leaf, and AlgoConfig.pf_ppo written out."""
     cfg = compose_config()
     built = omega_conf_to_dataclass(migrate_legacy_reward_impl(cfg), PPOTrainerConfig)
-    assert built == PPOTrainerConfig()
+    assert built == upstream_defaults.with_yaml_side(PPOTrainerConfig())
+    assert built != PPOTrainerConfig()  # the sentinels really differ (the class side is upstream's None)
 
 
 def test_every_target_names_the_dataclass_of_its_node(compose_config):
@@ -206,8 +235,8 @@ def test_every_yaml_key_has_a_comment_above():
     undocumented = []
     for path in sorted(CONFIG_DIR.rglob("*.yaml")):
         lines = path.read_text().splitlines()
-        if "  - ppo_trainer" in lines:
-            continue  # an overlay of ppo_trainer (e.g. the trainer's quickstart_cpu.yaml), not part of the tree
+        if "  - ppo_trainer" in lines or "  - quickstart_cpu" in lines:
+            continue  # an overlay of ppo_trainer (the quickstart configs), not part of the tree
         for i, line in enumerate(lines):
             if _KEY_LINE.match(line) and line.strip() != "defaults:":
                 previous = lines[i - 1].strip() if i else ""

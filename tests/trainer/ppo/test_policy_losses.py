@@ -224,8 +224,11 @@ def test_registry_holds_the_v0_7_losses():
 
 
 def test_unknown_loss_mode_lists_choices():
-    """An unknown loss_mode raises ValueError naming the config key and the registered names."""
-    with pytest.raises(ValueError, match=r"policy_loss\.loss_mode.*'vanilla'"):
+    """An unknown loss_mode raises ValueError starting with upstream's "Unsupported loss mode: <name>", listing the
+    registered names and naming the config key."""
+    with pytest.raises(
+        ValueError, match=r"^Unsupported loss mode: vanila\. Supported modes are: \[.*'vanilla'.*loss_mode"
+    ):
         get_policy_loss_fn("vanila")
 
 

@@ -167,7 +167,7 @@ def test_manager_selection_v07_legacy_and_importlib(tokenizer, reward_file, tmp_
     custom = load_reward_manager(importlib_cfg, tokenizer, extra=1)
     assert custom.kw == {"extra": 1}  # no compute_score_timeout injected: the class does not declare it
     assert compute_reward(None, custom) == ("called", {})  # no return_dict in its signature: tensor only
-    with pytest.raises(ValueError, match="registered"):
+    with pytest.raises(ValueError, match="Registered"):
         load_reward_manager(cfg(reward={"reward_manager": {"name": "nope"}}), tokenizer)
 
 

@@ -30,7 +30,7 @@ def test_register_user_class_and_conflict():
         assert get_reward_manager_cls("test_custom_manager") is Custom
         assert register("test_custom_manager")(Custom) is Custom  # re-registering the same class is fine
 
-        with pytest.raises(ValueError, match="already registered"):
+        with pytest.raises(ValueError, match="^Reward manager test_custom_manager has already been registered"):
 
             @register("test_custom_manager")
             class Other:
@@ -41,6 +41,10 @@ def test_register_user_class_and_conflict():
 
 
 def test_unknown_name_lists_registered_and_config_key():
-    """An unknown name raises ValueError listing the registered names and the config key to change."""
-    with pytest.raises(ValueError, match=r"'prime'.*\['batch', 'dapo', 'naive'.*reward\.reward_manager\.name"):
+    """An unknown name raises ValueError starting with upstream's "Unknown reward manager: <name>", then listing the
+    registered names and the config key to change."""
+    with pytest.raises(
+        ValueError,
+        match=r"^Unknown reward manager: prime\. Registered: \['batch', 'dapo', 'naive'.*reward_manager\.name",
+    ):
         get_reward_manager_cls("prime")

@@ -18,10 +18,10 @@ from functools import partial
 from types import FunctionType
 from typing import Any
 
-import torch
 from tensordict import TensorDict
 
 from verl.protocol import DataProto, DataProtoFuture, _padding_size_key
+from verl.utils.tensordict_utils import chunk_tensordict, concat_tensordict
 
 # ------------------------------------------------------------------------------------------- splitting data
 
@@ -42,7 +42,7 @@ def _chunk_one(data: Any, chunks: int, pad_size: int, where: str) -> list:
     if isinstance(data, TensorDict):
         if data.batch_size[0] % chunks != 0:
             raise ValueError(f"{where}: TensorDict with {data.batch_size[0]} rows cannot be split into {chunks} shards")
-        return list(data.chunk(chunks, dim=0))
+        return chunk_tensordict(data, chunks)  # row-wise for jagged nested tensors too
     raise TypeError(
         f"{where} is a {type(data).__name__}; data-parallel dispatch needs a DataProto, DataProtoFuture or "
         "TensorDict (use Dispatch.ONE_TO_ALL to send the same value to every rank)"
@@ -75,7 +75,7 @@ def concat_outputs(outputs: list) -> Any:
     if all(isinstance(o, DataProto) for o in outputs):
         return DataProto.concat(outputs)
     if all(isinstance(o, TensorDict) for o in outputs):
-        return torch.cat(outputs, dim=0)
+        return concat_tensordict(outputs)
     import ray
 
     if all(isinstance(o, ray.ObjectRef) for o in outputs):

@@ -10,9 +10,16 @@ from verl.single_controller.ray.resource_pool import (
     sort_placement_group_by_node_ip,
     split_resource_pool,
 )
-from verl.single_controller.ray.worker_group import RayClassWithInitArgs, RayWorkerGroup, get_random_string
+from verl.single_controller.ray.worker_group import (
+    MANAGED_WORKER_ENV,
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    get_random_string,
+)
+from verl.upstream_gaps import missing_name_getattr
 
 __all__ = [
+    "MANAGED_WORKER_ENV",
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",
@@ -24,3 +31,6 @@ __all__ = [
     "sort_placement_group_by_node_ip",
     "split_resource_pool",
 ]
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

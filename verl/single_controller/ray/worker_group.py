@@ -2,7 +2,7 @@
 
 Rank ``r`` runs in slot ``r`` of the pool and gets the torchrun-style environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) plus ``VERL_PLATFORM`` (so workers use
-the driver's device platform) and the platform's collective-backend variables. Ray sets the visible-devices
+the driver's device platform) and the platform's collective-backend variables, plus the caller's ``worker_env``. Ray sets the visible-devices
 variable (``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``) from the accelerator share the actor asks
 for. ``MASTER_ADDR`` / ``MASTER_PORT`` are picked by a tiny task on rank 0's node before any worker starts.
 """
@@ -21,7 +21,23 @@ from verl.single_controller.base.worker import get_free_port, get_node_ip
 from verl.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup
 from verl.single_controller.ray.resource_pool import RayResourcePool, platform_for
 
-__all__ = ["RayClassWithInitArgs", "RayWorkerGroup"]
+__all__ = ["MANAGED_WORKER_ENV", "RayClassWithInitArgs", "RayWorkerGroup"]
+
+MANAGED_WORKER_ENV = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_RANK",
+    "RAY_LOCAL_WORLD_SIZE",
+    "RAY_LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WG_PREFIX",
+    "WG_BACKEND",
+    "VERL_PLATFORM",
+)
+"""Variables the worker group sets per rank; ``worker_env`` may not override them (nor the platform's
+visible-devices variable, which Ray sets from the accelerator share each actor gets)."""
 
 
 def get_random_string(length: int) -> str:
@@ -36,6 +52,23 @@ def unwrap_actor_class(cls: Any) -> type:
 @ray.remote(num_cpus=0)
 def _pick_master_addr_port() -> tuple[str, str]:
     return get_node_ip(), str(get_free_port())
+
+
+def checked_worker_env(worker_env: dict[str, Any] | None, visible_devices_envvar: str | None) -> dict[str, str]:
+    """``worker_env`` as Ray ``env_vars`` (str -> str); ValueError naming any variable the group manages itself."""
+    worker_env = dict(worker_env or {})
+    managed = set(MANAGED_WORKER_ENV) | ({visible_devices_envvar} if visible_devices_envvar else set())
+    clash = sorted(managed & set(worker_env))
+    if clash:
+        raise ValueError(
+            f"worker_env sets {', '.join(clash)}, which the worker group manages itself for every rank "
+            f"({', '.join(sorted(managed))}); overriding {clash[0]} would break the process group or device "
+            "assignment. Remove it from worker_env."
+        )
+    not_str = sorted(k for k in worker_env if not isinstance(k, str))
+    if not_str:
+        raise ValueError(f"worker_env keys must be variable names (str), got {not_str}")
+    return {key: str(value) for key, value in worker_env.items()}
 
 
 def _merge_runtime_env(options: dict, env_vars: dict[str, str]) -> dict:
@@ -111,14 +144,18 @@ class RayWorkerGroup(WorkerGroup):
         worker_names: list[str] | None = None,
         worker_handles: list[Any] | None = None,
         ray_wait_register_center_timeout: int = 300,
+        worker_env: dict[str, Any] | None = None,
         **kwargs,
     ) -> None:
-        # kwargs: upstream's device_name / profile_steps / worker_nsight_options are accepted and ignored,
-        # except device_name, which selects the accelerator resource (default: this process's platform).
+        """``worker_env``: extra environment variables every worker process gets (checked before any worker
+        starts: ValueError naming a variable in ``MANAGED_WORKER_ENV``). kwargs: upstream's device_name /
+        profile_steps / worker_nsight_options are accepted and ignored, except device_name, which selects the
+        accelerator resource (default: this process's platform)."""
         super().__init__(resource_pool=resource_pool if worker_handles is None and worker_names is None else None)
         self.ray_cls_with_init = ray_cls_with_init
         self.name_prefix = get_random_string(6) if name_prefix is None else name_prefix
         self.device_name = kwargs.get("device_name")
+        self.worker_env = checked_worker_env(worker_env, platform_for(self.device_name).visible_devices_envvar)
         self.fused_worker_used = bool(ray_cls_with_init is not None and ray_cls_with_init.fused_worker_used)
         self.sub_cls_name = ""
         self.wg_dict: dict[str, RayWorkerGroup] | None = None
@@ -165,6 +202,7 @@ class RayWorkerGroup(WorkerGroup):
         platform = platform_for(self.device_name)
         return {
             **platform.comm_env_vars(),
+            **self.worker_env,
             "WORLD_SIZE": str(world_size),
             "RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(local_world_size),

@@ -8,6 +8,7 @@ from verl.trainer.config.algorithm import AlgoConfig, KLControlConfig, PFPPOConf
 from verl.trainer.config.config import BaseModelConfig, CheckpointConfig
 from verl.trainer.config.data import CustomClsConfig, DataConfig, DatagenConfig, SamplerConfig
 from verl.trainer.config.trainer import GlobalProfilerConfig, RayKwargsConfig, TrainerConfig
+from verl.upstream_gaps import missing_name_getattr
 
 __all__ = [
     "ActorRolloutRefConfig",
@@ -30,9 +31,12 @@ __all__ = [
 _LAZY = {"ActorRolloutRefConfig", "PPOTrainerConfig"}
 
 
+_missing = missing_name_getattr(__name__)  # upstream names missing here raise with the reason
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         from verl.trainer.config import ppo_trainer
 
         return getattr(ppo_trainer, name)
-    raise AttributeError(f"module 'verl.trainer.config' has no attribute {name!r}")
+    return _missing(name)

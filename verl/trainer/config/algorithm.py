@@ -132,8 +132,9 @@ class AlgoConfig(BaseConfig):
     use_pf_ppo: bool = False
     """Preference-feedback PPO."""
 
-    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
-    """PF-PPO options."""
+    pf_ppo: Optional[PFPPOConfig] = None
+    """PF-PPO options; null = not given (upstream's class default, an empty node), i.e. PFPPOConfig's defaults.
+    The YAML writes the node out with those defaults, as upstream's YAML does."""
 
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Rollout/training mismatch correction."""

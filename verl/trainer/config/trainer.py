@@ -7,12 +7,33 @@ from typing import Any, Optional, Union
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
 
-__all__ = ["LOGGER_BACKENDS", "GlobalProfilerConfig", "RayKwargsConfig", "TrainerConfig"]
+__all__ = ["LOGGER_BACKENDS", "RAY_RUNTIME_ENV_FIELDS", "GlobalProfilerConfig", "RayKwargsConfig", "TrainerConfig"]
 
 LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb")
 """Experiment-tracking backends of verl.utils.tracking.Tracking."""
 
 DEVICES = ("cpu", "cuda", "npu")
+
+RAY_RUNTIME_ENV_FIELDS = (
+    "py_executable",
+    "env_vars",
+    "working_dir",
+    "py_modules",
+    "excludes",
+    "pip",
+    "uv",
+    "conda",
+    "image_uri",
+    "container",
+    "config",
+    "nsight",
+    "rocprof_sys",
+    "worker_process_setup_hook",
+    "java_jars",
+)
+"""The public fields of Ray's ``runtime_env`` (``ray.runtime_env.RuntimeEnv``), declared (null) under
+``ray_kwargs.ray_init.runtime_env`` so a Hydra override can set any of them without ``+`` (upstream recipes set
+``runtime_env.py_executable``)."""
 
 
 @dataclass
@@ -158,8 +179,11 @@ class GlobalProfilerConfig(BaseConfig):
 class RayKwargsConfig(BaseConfig):
     """`ray_kwargs`: passed through to Ray."""
 
-    ray_init: dict[str, Any] = field(default_factory=lambda: {"num_cpus": None})
-    """Keyword arguments of ray.init (num_cpus, address, runtime_env, ...); null values are dropped."""
+    ray_init: dict[str, Any] = field(
+        default_factory=lambda: {"num_cpus": None, "runtime_env": dict.fromkeys(RAY_RUNTIME_ENV_FIELDS)}
+    )
+    """Keyword arguments of ray.init (num_cpus, address, runtime_env, ...); null values are dropped, also inside
+    runtime_env, whose env_vars are merged over the trainer's worker defaults."""
 
     timeline_json_file: Optional[str] = None
     """Write a Ray timeline here at the end; null = off."""

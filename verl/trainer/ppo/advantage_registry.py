@@ -63,8 +63,8 @@ def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Advant
         existing = ADV_ESTIMATOR_REGISTRY.get(name)
         if existing is not None and existing is not fn:
             raise ValueError(
-                f"Advantage estimator {name!r} is already registered as {existing.__module__}.{existing.__qualname__}; "
-                f"cannot register {fn.__module__}.{fn.__qualname__} under the same name. Pick another name."
+                f"Adv estimator {name} has already been registered: {existing.__module__}.{existing.__qualname__} vs "
+                f"{fn.__module__}.{fn.__qualname__}. Pick another name."
             )
         ADV_ESTIMATOR_REGISTRY[name] = fn
         return fn
@@ -83,7 +83,7 @@ def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvantageEst
     name = _name_of(name_or_enum)
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise ValueError(
-            f"Unknown advantage estimator {name!r} (algorithm.adv_estimator); "
+            f"Unknown advantage estimator simply: {name} (algorithm.adv_estimator); "
             f"valid choices: {sorted(ADV_ESTIMATOR_REGISTRY)}. "
             "A custom estimator must be registered with @register_adv_est before the trainer starts."
         )

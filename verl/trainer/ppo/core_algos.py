@@ -18,15 +18,24 @@ This module is the public surface; the implementations live in one module per fa
 =====================================  =====================================================================
 
 Importing this module registers every built-in estimator and loss.
+
+The registries are live module attributes, as in upstream where they are plain globals of this module: plugins
+and tests read ``core_algos.ADV_ESTIMATOR_REGISTRY`` / ``POLICY_LOSS_REGISTRY`` and sometimes *rebind* them
+(``core_algos.ADV_ESTIMATOR_REGISTRY = {...}``); ``register_*`` and ``get_*_fn`` then use the new dict. Here the
+dicts live in their registry modules, so this module's attributes are properties that read and rebind those (see
+``_CoreAlgosModule`` at the end).
 """
 
+import sys
+import types
+
+from verl.trainer.ppo import advantage_registry, policy_loss_registry
 from verl.trainer.ppo.advantage_estimators import (
     compute_gae_advantage_return,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
 )
 from verl.trainer.ppo.advantage_registry import (
-    ADV_ESTIMATOR_REGISTRY,
     AdvantageEstimator,
     get_adv_estimator_fn,
     register_adv_est,
@@ -57,7 +66,6 @@ from verl.trainer.ppo.optimal_token_baseline import (
 )
 from verl.trainer.ppo.pf_ppo import compute_pf_ppo_reweight_data
 from verl.trainer.ppo.policy_loss_registry import (
-    POLICY_LOSS_REGISTRY,
     PolicyLossFn,
     get_policy_loss_fn,
     register_policy_loss,
@@ -81,9 +89,9 @@ from verl.trainer.ppo.policy_losses_off_policy import (
 from verl.trainer.ppo.value_loss import compute_entropy_loss, compute_value_loss
 
 __all__ = [
-    "ADV_ESTIMATOR_REGISTRY",
+    "ADV_ESTIMATOR_REGISTRY",  # noqa: F822 - a property of _CoreAlgosModule
     "LOSS_AGG_MODES",
-    "POLICY_LOSS_REGISTRY",
+    "POLICY_LOSS_REGISTRY",  # noqa: F822 - a property of _CoreAlgosModule
     "AdaptiveKLController",
     "AdvantageEstimator",
     "FixedKLController",
@@ -128,3 +136,27 @@ __all__ = [
     "register_adv_est",
     "register_policy_loss",
 ]
+
+
+class _CoreAlgosModule(types.ModuleType):
+    """This module's type: ``ADV_ESTIMATOR_REGISTRY`` and ``POLICY_LOSS_REGISTRY`` read and rebind the registry
+    dicts of ``advantage_registry`` / ``policy_loss_registry``, which ``register_*`` and ``get_*_fn`` use."""
+
+    @property
+    def ADV_ESTIMATOR_REGISTRY(self) -> dict:  # noqa: N802 - upstream's module-level name
+        return advantage_registry.ADV_ESTIMATOR_REGISTRY
+
+    @ADV_ESTIMATOR_REGISTRY.setter
+    def ADV_ESTIMATOR_REGISTRY(self, registry: dict) -> None:  # noqa: N802
+        advantage_registry.ADV_ESTIMATOR_REGISTRY = registry
+
+    @property
+    def POLICY_LOSS_REGISTRY(self) -> dict:  # noqa: N802 - upstream's module-level name
+        return policy_loss_registry.POLICY_LOSS_REGISTRY
+
+    @POLICY_LOSS_REGISTRY.setter
+    def POLICY_LOSS_REGISTRY(self, registry: dict) -> None:  # noqa: N802
+        policy_loss_registry.POLICY_LOSS_REGISTRY = registry
+
+
+sys.modules[__name__].__class__ = _CoreAlgosModule

@@ -107,6 +107,6 @@ def agg_loss(
         per_seq_mean = masked_token_sum(loss_mat, loss_mask, dim=-1) / tokens_per_seq.clamp(min=1).to(loss_mat.dtype)
         return _seq_mean(per_seq_mean, seq_valid, dp_size, global_batch_size)
     raise ValueError(
-        f"Invalid loss_agg_mode {loss_agg_mode!r} (actor_rollout_ref.actor.loss_agg_mode / critic.loss_agg_mode); "
+        f"Invalid loss_agg_mode: {loss_agg_mode} (actor_rollout_ref.actor.loss_agg_mode / critic.loss_agg_mode); "
         f"choose one of {list(LOSS_AGG_MODES)}."
     )

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from verl import DataProto
+from verl.upstream_gaps import missing_name_getattr
 
 
 def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -107,3 +108,6 @@ def process_validation_metrics(
     for source, score in zip(data_sources, scores, strict=True):
         per_source.setdefault(str(source), []).append(float(score))
     return {f"{prefix}/{source}/reward/mean@1": float(np.mean(values)) for source, values in per_source.items()}
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

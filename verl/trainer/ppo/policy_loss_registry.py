@@ -76,8 +76,8 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
         importlib.import_module(module)
     if name not in POLICY_LOSS_REGISTRY:
         raise ValueError(
-            f"Unsupported loss mode {name!r} (actor_rollout_ref.actor.policy_loss.loss_mode); "
-            f"valid choices: {sorted(POLICY_LOSS_REGISTRY)}."
+            f"Unsupported loss mode: {name}. Supported modes are: {sorted(POLICY_LOSS_REGISTRY)} "
+            "(actor_rollout_ref.actor.policy_loss.loss_mode)."
         )
     return POLICY_LOSS_REGISTRY[name]
 

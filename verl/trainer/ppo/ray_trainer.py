@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
-import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +31,12 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from verl import DataProto
-from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from verl.single_controller.ray import (  # noqa: F401 - ResourcePoolManager: upstream imports it from here
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    ResourcePoolManager,
+    create_colocated_worker_cls,
+)
 from verl.trainer.ppo import core_algos, trainer_checkpoint
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -45,19 +48,10 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
 from verl.trainer.ppo.worker_groups import ActorRolloutRefGroup, CriticGroup
 from verl.utils.debug.metrics import calculate_rollout_probs_diff_metrics
+from verl.utils.profiler import marked_timer
 
 _GEN_TENSOR_KEYS = ["input_ids", "attention_mask", "position_ids"]
 _GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs"]
-
-
-@contextmanager
-def marked_timer(name: str, timing_raw: dict[str, float]):
-    """Adds the wall time of the block to ``timing_raw[name]`` (seconds)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timing_raw[name] = timing_raw.get(name, 0.0) + time.perf_counter() - start
 
 
 def compute_response_mask(data: DataProto) -> torch.Tensor:

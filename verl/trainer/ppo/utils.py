@@ -47,6 +47,11 @@ def need_reference_policy(config) -> bool:
     return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
 
 
+def need_reward_model(config) -> bool:
+    """A model-based reward is used when ``reward.reward_model.enable`` (after the legacy-key migration)."""
+    return bool(config.reward.reward_model.enable)
+
+
 def need_critic(config) -> bool:
     """``critic.enable`` when set, else a critic exactly when the estimator is GAE."""
     if config.critic.enable is not None:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from verl.upstream_gaps import missing_name_getattr
 from verl.utils.dataset.dataset_config import RLDatasetConfig
 from verl.utils.dataset.parquet_io import normalize_data_files, read_parquet_files
 from verl.utils.dataset.prompt_utils import (
@@ -241,3 +242,6 @@ class RLHFDataset(Dataset):
         item["tools_kwargs"] = extra_info.get("tools_kwargs") or {}
         item["interaction_kwargs"] = extra_info.get("interaction_kwargs") or {}
         return item
+
+
+__getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

@@ -29,6 +29,9 @@ class Platform:
         ray_noset_envvars: env vars that stop Ray from rewriting ``visible_devices_envvar`` in workers.
         vllm_sleep_level: the level the colocated vLLM engine sleeps at between rollouts: 2 drops weights and KV
             cache (the next sync refills the weights), 1 moves the weights to host memory (vllm-ascend has no 2).
+        profiler_activity: ``torch.profiler.ProfilerActivity`` member that records this device's kernels
+            (``"CUDA"``; ``"PrivateUse1"`` for out-of-tree devices such as Ascend), None when the CPU activity
+            covers it.
     """
 
     device_name: str = ""
@@ -38,6 +41,7 @@ class Platform:
     ray_resource_name: str = ""
     ray_noset_envvars: tuple[str, ...] = ()
     vllm_sleep_level: int = 2
+    profiler_activity: str | None = None
 
     # ---- availability -------------------------------------------------------------------------------------
 

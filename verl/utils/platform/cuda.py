@@ -18,6 +18,7 @@ class CudaPlatform(Platform):
     comm_backend = "nccl"
     visible_devices_envvar = "CUDA_VISIBLE_DEVICES"
     ray_resource_name = "GPU"
+    profiler_activity = "CUDA"
     ray_noset_envvars = ("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",)
 
     def is_available(self) -> bool:

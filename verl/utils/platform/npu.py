@@ -72,6 +72,7 @@ class NpuPlatform(Platform):
     visible_devices_envvar = "ASCEND_RT_VISIBLE_DEVICES"
     ray_resource_name = "NPU"
     vllm_sleep_level = 1  # vllm-ascend implements level 1 only
+    profiler_activity = "PrivateUse1"
     ray_noset_envvars = ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",)
 
     def is_torch_npu_importable(self) -> bool:

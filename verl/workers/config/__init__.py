@@ -2,9 +2,16 @@
 
 Each class is the single home of its defaults; `verl/trainer/config/*.yaml` mirrors them (a test keeps the
 two equal) and `verl.utils.config.omega_conf_to_dataclass` builds them from Hydra nodes.
+
+Upstream's Megatron-family classes (`McoreActorConfig`, ...) import from here but refuse to be built
+(`unsupported.py`); `TrainingWorkerConfig` and `build_optimizer` (upstream paths) resolve on first access from
+the engine worker / optimizer modules, which import torch-heavy code.
 """
 
+import importlib
+
 from verl.trainer.config.config import CheckpointConfig
+from verl.upstream_gaps import missing_name_getattr
 from verl.workers.config.actor import (
     ActorConfig,
     FSDPActorConfig,
@@ -33,6 +40,13 @@ from verl.workers.config.rollout import (
     RolloutConfig,
     SamplingConfig,
 )
+from verl.workers.config.unsupported import (
+    McoreActorConfig,
+    McoreCriticConfig,
+    McoreEngineConfig,
+    McoreOptimizerConfig,
+    MindSpeedEngineConfig,
+)
 
 __all__ = [
     "ActorConfig",
@@ -51,6 +65,11 @@ __all__ = [
     "FSDPRefConfig",
     "FusedKernelOptionsConfig",
     "HFModelConfig",
+    "McoreActorConfig",
+    "McoreCriticConfig",
+    "McoreEngineConfig",
+    "McoreOptimizerConfig",
+    "MindSpeedEngineConfig",
     "MultiTurnConfig",
     "OptimizerConfig",
     "PolicyLossConfig",
@@ -64,7 +83,21 @@ __all__ = [
     "SamplingConfig",
     "SandboxFusionConfig",
     "TiledMLPConfig",
+    "TrainingWorkerConfig",  # noqa: F822 - resolved lazily by __getattr__
     "VeOmniActorConfig",
     "VeOmniEngineConfig",
     "VeOmniRefConfig",
+    "build_optimizer",  # noqa: F822 - resolved lazily by __getattr__
 ]
+
+_LAZY = {
+    "TrainingWorkerConfig": "verl.workers.engine_workers",
+    "build_optimizer": "verl.workers.core.optimizer_step",
+}
+_missing = missing_name_getattr(__name__)  # upstream names missing here raise with the reason
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    return _missing(name)

@@ -23,7 +23,13 @@ from verl.workers.config.batch import (
     mini_batch_responses_per_rank,
     validate_ppo_batch,
 )
-from verl.workers.config.engine import FSDP_STRATEGIES, FSDPEngineConfig, VeOmniEngineConfig, link_role_and_engine
+from verl.workers.config.engine import (
+    FSDP_STRATEGIES,
+    FSDPEngineConfig,
+    VeOmniEngineConfig,
+    link_role_and_engine,
+    refuse_unsupported_backend,
+)
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 
 __all__ = [
@@ -323,7 +329,9 @@ class VeOmniActorConfig(ActorConfig):
 
 
 def check_strategy_family(key: str, strategy: str, strategies: tuple[str, ...]) -> None:
-    """`strategy` must be one this config family serves; `veomni` in the FSDP family names the group to select."""
+    """`strategy` must be one this config family serves; `veomni` in the FSDP family names the group to select;
+    an upstream backend this distribution lacks (megatron, torchtitan, ...) says so and what to use instead."""
+    refuse_unsupported_backend(key, strategy)
     if strategy == "veomni" and "veomni" not in strategies:
         raise ConfigError(
             key,

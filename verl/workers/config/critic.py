@@ -13,7 +13,12 @@ from verl.base_config import BaseConfig, ConfigError, require_choice, require_po
 from verl.trainer.config.config import BaseModelConfig, CheckpointConfig
 from verl.workers.config.actor import LOSS_AGG_MODES, check_offload_policy, check_sequence_parallel
 from verl.workers.config.batch import check_micro_batch_settings, mini_batch_responses_per_rank, validate_ppo_batch
-from verl.workers.config.engine import FSDP_STRATEGIES, FSDPEngineConfig, link_role_and_engine
+from verl.workers.config.engine import (
+    FSDP_STRATEGIES,
+    FSDPEngineConfig,
+    link_role_and_engine,
+    refuse_unsupported_backend,
+)
 from verl.workers.config.optimizer import FSDPOptimizerConfig
 
 __all__ = ["CriticConfig", "FSDPCriticConfig", "FSDPCriticModelCfg"]
@@ -127,6 +132,7 @@ class CriticConfig(BaseConfig):
     """Gradient-norm clipping threshold; linked to optim.clip_grad."""
 
     def __post_init__(self) -> None:
+        refuse_unsupported_backend("strategy", self.strategy)
         require_choice("strategy", self.strategy, FSDP_STRATEGIES)
         require_positive("rollout_n", self.rollout_n)
         require_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)

@@ -18,6 +18,8 @@ from verl.base_config import BaseConfig, ConfigError, field_default, require_cho
 
 __all__ = [
     "FSDP_STRATEGIES",
+    "UNSUPPORTED_BACKENDS",
+    "refuse_unsupported_backend",
     "VEOMNI_TORCH_DTYPES",
     "EngineConfig",
     "FSDPEngineConfig",
@@ -27,6 +29,28 @@ __all__ = [
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
 """`fsdp` = FSDP1 (`FullyShardedDataParallel` wrapper), `fsdp2` = `fully_shard` per decoder layer (CPU default)."""
+
+_USE_INSTEAD = (
+    "train with actor_rollout_ref.actor.strategy=fsdp or fsdp2 (Qwen3.5 on Ascend included) or with the Hydra "
+    "override model_engine=veomni"
+)
+
+UNSUPPORTED_BACKENDS = {
+    "megatron": f"the Megatron backend (megatron-core, MindSpeed on Ascend) is not part of verl-ascend; {_USE_INSTEAD}",
+    "mindspeed_llm": f"MindSpeed (Megatron on Ascend) is not part of verl-ascend; {_USE_INSTEAD}",
+    "mindspeed_mm": f"MindSpeed-MM (Megatron on Ascend) is not part of verl-ascend; {_USE_INSTEAD}",
+    "torchtitan": f"the TorchTitan engine is not part of verl-ascend; {_USE_INSTEAD}",
+    "automodel": f"the NeMo Automodel engine is not part of verl-ascend; {_USE_INSTEAD}",
+    "fsdp_turbo": f"upstream HEAD's fsdp_turbo engine is not part of verl-ascend; {_USE_INSTEAD}",
+}
+"""strategy name -> why it is refused and what to use."""
+
+
+def refuse_unsupported_backend(key: str, strategy: str) -> None:
+    """Raise ConfigError naming ``key`` when ``strategy`` is an upstream backend this distribution lacks."""
+    if strategy in UNSUPPORTED_BACKENDS:
+        raise ConfigError(key, f"{strategy!r}: {UNSUPPORTED_BACKENDS[strategy]}.")
+
 
 _DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 _WRAP_POLICY_KEYS = ("min_num_params", "transformer_layer_cls_to_wrap", "disable")

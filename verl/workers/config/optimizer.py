@@ -64,8 +64,9 @@ class FSDPOptimizerConfig(OptimizerConfig):
     optimizer_impl: str = "torch.optim"
     """Module that provides `optimizer` (e.g. torch.optim, bitsandbytes.optim)."""
 
-    min_lr_ratio: float = 0.0
-    """Cosine schedule: final lr as a fraction of `lr`."""
+    min_lr_ratio: Optional[float] = None
+    """Cosine schedule: final lr as a fraction of `lr`; null = 0. Upstream's class default is null while its YAML
+    writes 0.0 (the same schedule); both are kept as upstream's."""
 
     num_cycles: float = 0.5
     """Cosine schedule: number of half-waves (0.5 = decay once from peak to min)."""
@@ -90,5 +91,5 @@ class FSDPOptimizerConfig(OptimizerConfig):
                 )
             self._normalize("lr_scheduler_type", self.warmup_style)
         require_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULER_TYPES)
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
+        if self.min_lr_ratio is not None and not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}.")

@@ -16,7 +16,10 @@ def register(name: str) -> Callable[[type], type]:
     def decorator(cls: type) -> type:
         existing = REWARD_MANAGER_REGISTRY.get(name)
         if existing is not None and existing is not cls:
-            raise ValueError(f"Reward manager {name!r} is already registered as {existing.__qualname__}.")
+            raise ValueError(
+                f"Reward manager {name} has already been registered: {existing.__qualname__} vs {cls.__qualname__}; "
+                "pick another name."
+            )
         REWARD_MANAGER_REGISTRY[name] = cls
         return cls
 
@@ -30,7 +33,7 @@ def get_reward_manager_cls(name: str) -> type:
 
     if name not in REWARD_MANAGER_REGISTRY:
         raise ValueError(
-            f"Unknown reward manager {name!r}; registered: {sorted(REWARD_MANAGER_REGISTRY)}. Set "
+            f"Unknown reward manager: {name}. Registered: {sorted(REWARD_MANAGER_REGISTRY)}. Set "
             "reward.reward_manager.name (legacy: reward_model.reward_manager) to one of them, or load your own class "
             "with reward.reward_manager.source=importlib and reward.reward_manager.module.path/name."
         )
