@@ -356,7 +356,8 @@ class EnvProbe(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def report(self, prefixes):
         env = {k: v for k, v in os.environ.items() if k.startswith(tuple(prefixes))}
-        return {"env": env, "node_id": ray.get_runtime_context().get_node_id()}
+        context = ray.get_runtime_context()
+        return {"env": env, "node_id": context.get_node_id(), "npu_ids": context.get_accelerator_ids().get("NPU")}
 
 
 init_ray(OmegaConf.create({"ray_kwargs": {"ray_init": {"address": sys.argv[1]}}}))  # the trainer's ray.init
@@ -371,7 +372,8 @@ print("PROBE " + json.dumps({"nodes": group.worker_node_ids, "reports": reports}
 def test_workers_of_node2_see_forwarded_env_and_own_devices(tmp_path):
     """Two nodes of 2 NPUs, a group of 2 + 2 ranks on the simulated-Ascend resources: the ranks on node1 see the
     driver's HCCL_/ASCEND_ variables (node1's ``ray start`` never had them) and the NPU id Ray gave each of them
-    (0 and 1, never the driver's ASCEND_RT_VISIBLE_DEVICES=5,6); the cluster then shuts down without survivors."""
+    (0 and 1, never the driver's ASCEND_RT_VISIBLE_DEVICES=5,6; equal to the NPU ids Ray records for that actor);
+    the cluster then shuts down without survivors."""
     script = tmp_path / "probe.py"
     script.write_text(_ENV_PROBE)
     driver_env = {
@@ -397,6 +399,8 @@ def test_workers_of_node2_see_forwarded_env_and_own_devices(tmp_path):
         assert env["HCCL_PROBE_FROM_DRIVER"] == "hccl-value" and env["ASCEND_PROBE_FROM_DRIVER"] == "ascend-value"
         assert env["HCCL_CONNECT_TIMEOUT"] == "777"  # the user's value wins over the platform default (1500)
         assert env["HCCL_HOST_SOCKET_PORT_RANGE"] == "auto"  # the platform's collective settings reach node1 too
+        # the visibility a worker reads is the NPU Ray assigned to that very actor (Ray's own record of it)
+        assert env["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(report["npu_ids"]), report
     node1_devices = sorted(reports[r]["env"]["ASCEND_RT_VISIBLE_DEVICES"] for r in (2, 3))
     assert node1_devices == ["0", "1"], node1_devices  # each rank its own NPU of node1, assigned by Ray
 
