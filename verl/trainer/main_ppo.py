@@ -97,12 +97,64 @@ def ray_init_kwargs(ray_init: Any) -> dict[str, Any]:
     return {**kwargs, "runtime_env": runtime_env}
 
 
+def init_ray(config: DictConfig) -> None:
+    """``ray.init`` with :func:`ray_init_kwargs` of ``ray_kwargs.ray_init``: a local Ray instance, or the cluster at
+    ``ray_kwargs.ray_init.address`` / ``$RAY_ADDRESS``."""
+    ray.init(include_dashboard=False, **ray_init_kwargs(config.ray_kwargs.ray_init))
+
+
 def run_ppo(config: DictConfig) -> None:
-    """Start (or attach to) Ray, run the TaskRunner actor to completion."""
+    """Start (or attach to) Ray, run the TaskRunner actor to completion.
+
+    A lost worker (its process or its node) ends the run with :class:`WorkerLostError`, raised here on the driver,
+    naming the node and the last complete checkpoint to resume from.
+    """
+    from verl.single_controller.ray.worker_loss import WorkerLostError
+
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, **ray_init_kwargs(config.ray_kwargs.ray_init))
-    runner = ray.remote(num_cpus=1)(TaskRunner).remote()
-    ray.get(runner.run.remote(config))
+        init_ray(config)
+    runner = ray.remote(num_cpus=1)(TaskRunner).options(**_on_driver_node()).remote()
+    try:
+        ray.get(runner.run.remote(config))
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, WorkerLostError):
+            raise exc.cause from None  # the message says it all; the remote traceback adds nothing
+        raise
+
+
+def _on_driver_node() -> dict:
+    """Schedule the TaskRunner on the driver's node when it has a CPU free (soft affinity): the driver's node is
+    the one whose loss ends the job anyway, so the controller there outlives the loss of any worker node and can
+    report it, and the worker slots of the other nodes stay free for the workers."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    try:
+        node_id = ray.get_runtime_context().get_node_id()
+    except Exception:  # a Ray client driver has no node of its own
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=True)}
+
+
+def resume_hint(trainer_config) -> str:
+    """What to do after the run stopped: the last complete checkpoint under ``trainer.default_local_dir`` and the
+    rerun that continues from it."""
+    from verl.trainer.ppo.trainer_checkpoint import find_resume_point
+
+    root = trainer_config.default_local_dir
+    try:
+        point = find_resume_point("auto", root, None)
+    except ValueError as exc:
+        return f"The checkpoint directory is inconsistent: {exc}"
+    if point is None:
+        return (
+            f"No complete checkpoint exists under {root} (trainer.save_freq={trainer_config.save_freq}): a rerun "
+            "starts from step 0."
+        )
+    return (
+        f"The last complete checkpoint is {point.path} (global step {point.global_step}). Once every node is back "
+        "(check with `python -m verl.utils.ray_cluster wait --nodes N --resource NPU=M`), rerun the same command "
+        "with trainer.resume_mode=auto to continue from it."
+    )
 
 
 class TaskRunner:
@@ -133,8 +185,16 @@ class TaskRunner:
             collate_fn=collate_fn,
             train_sampler=create_rl_sampler(config.data, train_dataset),
         )
-        trainer.init_workers()
-        trainer.fit()
+        from verl.single_controller.ray.worker_loss import WorkerLostError, describe_placement
+
+        try:
+            trainer.init_workers()
+            placement = describe_placement(trainer.actor_rollout_wg.worker_group.worker_node_ids)
+            print(f"[verl] worker placement: {placement}", flush=True)
+            trainer.fit()
+        except WorkerLostError as exc:
+            hint = resume_hint(config.trainer)
+            raise WorkerLostError(f"{exc}. {hint}", rank=exc.rank, node=exc.node, node_dead=exc.node_dead) from None
 
     @staticmethod
     def role_worker_mapping(config: DictConfig) -> dict:

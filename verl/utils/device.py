@@ -35,6 +35,7 @@ __all__ = [
     "get_device_capability",
     "get_device_id",
     "get_device_name",
+    "get_local_device_index",
     "get_nccl_backend",
     "get_npu_versions",
     "get_platform",
@@ -93,6 +94,12 @@ def get_torch_device() -> Any:
 def get_device_id() -> int:
     """Index of the current device (0 on the CPU)."""
     return get_platform().current_device_id()
+
+
+def get_local_device_index(local_rank: int) -> int:
+    """The device a worker of local rank ``local_rank`` binds to (``Platform.local_device_index``): 0 when Ray gave
+    the process its own device, ``local_rank`` when the process sees the whole node."""
+    return get_platform().local_device_index(local_rank)
 
 
 def get_nccl_backend() -> str:

@@ -37,7 +37,14 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.config import omega_conf_to_dataclass
-from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_platform, get_torch_device
+from verl.utils.device import (
+    get_device_id,
+    get_device_name,
+    get_local_device_index,
+    get_nccl_backend,
+    get_platform,
+    get_torch_device,
+)
 from verl.utils.fsdp_utils import (
     create_device_mesh,
     load_fsdp_model_to_gpu,
@@ -76,7 +83,7 @@ def init_distributed(timeout_s: int = 600) -> None:
     if dist.is_initialized():
         return
     if get_device_name() != "cpu":
-        get_torch_device().set_device(get_device_id())
+        get_torch_device().set_device(get_local_device_index(int(os.environ.get("LOCAL_RANK", "0"))))
     dist.init_process_group(
         backend=get_nccl_backend(),
         rank=int(os.environ.get("RANK", "0")),

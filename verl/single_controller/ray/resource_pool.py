@@ -5,12 +5,14 @@ the accelerator is the platform's Ray resource (``GPU`` on CUDA, ``NPU`` on Asce
 platform, whose bundles are CPU-only). Each worker actor takes ``num_cpus=1`` and ``1 / max_colocate_count``
 of the accelerator, so up to ``max_colocate_count`` worker groups can share one slot.
 
-Before reserving anything the pool checks that the cluster can ever satisfy it, and raises ``ValueError``
-naming the shortfall instead of waiting forever for resources that do not exist.
+Before reserving anything the pool checks that the cluster can ever satisfy it (:mod:`.cluster_fit`: in total and
+node by node), and raises ``ValueError`` naming the shortfall instead of waiting forever for resources that do
+not exist.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -18,9 +20,14 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 
 from verl.single_controller.base.worker_group import ResourcePool
+from verl.single_controller.ray.cluster_fit import check_cluster_fits, describe_free, free_shortfall, node_order_key
+from verl.utils.ray_cluster import cluster_nodes
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "RayResourcePool",
+    "check_cluster_fits",
     "ResourcePoolManager",
     "SubRayResourcePool",
     "merge_resource_pool",
@@ -50,43 +57,16 @@ def _resource_name(device_name: str | None) -> str:
     return platform_for(device_name).ray_resource_name
 
 
-def _alive_node_resources() -> list[dict[str, float]]:
-    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-
-
-def check_cluster_fits(pg_bundles: list[list[dict[str, float]]], strategy: str) -> None:
-    """Raise ValueError if the Ray cluster can never host these placement groups (totals, or a node for each
-    STRICT_PACK group)."""
-    nodes = _alive_node_resources()
-    need: dict[str, float] = {}
-    for bundles in pg_bundles:
-        for bundle in bundles:
-            for key, amount in bundle.items():
-                need[key] = need.get(key, 0) + amount
-    for key, amount in need.items():
-        have = sum(node.get(key, 0) for node in nodes)
-        if amount > have + 1e-9:
-            raise ValueError(
-                f"the resource pool needs {amount:g} {key} in total but the Ray cluster has {have:g}; lower "
-                "trainer.nnodes / n_gpus_per_node (or max_colocate_count), or start Ray with more resources "
-                f"(e.g. ray.init(num_cpus=...))"
-            )
-    if strategy != "STRICT_PACK":
-        return
-    for i, bundles in enumerate(pg_bundles):
-        per_pg = {k: sum(b.get(k, 0) for b in bundles) for k in need}
-        if not any(all(node.get(k, 0) + 1e-9 >= v for k, v in per_pg.items()) for node in nodes):
-            raise ValueError(f"node {i} of the resource pool needs {per_pg} on one machine; no Ray node has that much")
-
-
 def sort_placement_group_by_node_ip(pgs: list[PlacementGroup]) -> list[PlacementGroup]:
-    """Placement groups ordered by the IP of their node, so ranks map to nodes the same way in every run
-    (sharded checkpoints saved per rank stay loadable after a restart)."""
-    node_ip = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    """Placement groups ordered by their node (IP, then the head first, then node name: several nodes of one host
+    share an IP), so ranks map to nodes the same way in every run (sharded checkpoints saved per rank stay
+    loadable after a restart)."""
+    nodes = {node.node_id: node for node in cluster_nodes()}
 
-    def key(indexed: tuple[int, PlacementGroup]) -> tuple[str, int]:
+    def key(indexed: tuple[int, PlacementGroup]) -> tuple:
         node_id = ray.util.placement_group_table(indexed[1])["bundles_to_node_id"][0]
-        return node_ip.get(node_id, ""), indexed[0]
+        node = nodes.get(node_id)
+        return (node_order_key(node) if node is not None else ("", True, "", node_id)), indexed[0]
 
     return [pg for _, pg in sorted(enumerate(pgs), key=key)]
 
@@ -131,6 +111,13 @@ class RayResourcePool(ResourcePool):
         prefix = name or f"{self.name_prefix}verl_group_{'_'.join(map(str, self._store))}:"
         pg_bundles = [[self.bundle_spec(device_name) for _ in range(count)] for count in self._store]
         check_cluster_fits(pg_bundles, strategy)
+        waiting = free_shortfall(pg_bundles, strategy)
+        if waiting is not None:
+            logger.warning(
+                "the resource pool fits the Ray cluster but not what is free now; waiting up to %gs for it (%s)",
+                self.ready_timeout_s,
+                waiting,
+            )
         lifetime = "detached" if self.detached else None
         pgs = [
             placement_group(bundles=bundles, strategy=strategy, name=f"{prefix}{i}", lifetime=lifetime)
@@ -140,7 +127,8 @@ class RayResourcePool(ResourcePool):
         if len(ready) != len(pgs):
             raise RuntimeError(
                 f"placement groups {pg_bundles} were not ready after {self.ready_timeout_s:g}s: the resources exist "
-                "but other actors or pools hold them; free them or lower max_colocate_count"
+                f"but other actors or pools hold them ({describe_free(pg_bundles)}); free them or lower "
+                "max_colocate_count"
             )
         self.pgs = sort_placement_group_by_node_ip(pgs)
         return self.pgs

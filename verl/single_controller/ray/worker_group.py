@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from verl.single_controller.base.worker import get_free_port, get_node_ip
 from verl.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup
 from verl.single_controller.ray.resource_pool import RayResourcePool, platform_for
+from verl.single_controller.ray.worker_loss import resolve, slot_node_ids
 
 __all__ = ["MANAGED_WORKER_ENV", "RayClassWithInitArgs", "RayWorkerGroup"]
 
@@ -159,6 +160,7 @@ class RayWorkerGroup(WorkerGroup):
         self.fused_worker_used = bool(ray_cls_with_init is not None and ray_cls_with_init.fused_worker_used)
         self.sub_cls_name = ""
         self.wg_dict: dict[str, RayWorkerGroup] | None = None
+        self._worker_node_ids: list[str] = []  # Ray node of each rank, to name it when the rank is lost
         if worker_handles is not None or worker_names is not None:
             self._workers = (
                 list(worker_handles) if worker_handles is not None else [ray.get_actor(n) for n in worker_names]
@@ -195,6 +197,7 @@ class RayWorkerGroup(WorkerGroup):
             )
             self._workers.append(worker)
             self._worker_names.append(name)
+        self._worker_node_ids = slot_node_ids(slots)
         # Wait for every constructor, so a failing __init__ surfaces here and not at the first method call.
         ray.get([worker.__ray_ready__.remote() for worker in self._workers])
 
@@ -226,7 +229,8 @@ class RayWorkerGroup(WorkerGroup):
         return getattr(self._workers[0], method_name).remote(*args, **kwargs)
 
     def _resolve(self, output: Any) -> Any:
-        return ray.get(output)
+        # ray.get, with a lost rank (its process or its node) raised as WorkerLostError naming the node
+        return resolve(output, self._workers, self._worker_node_ids)
 
     def _share(self, obj: Any) -> Any:
         return ray.put(obj)
@@ -240,6 +244,11 @@ class RayWorkerGroup(WorkerGroup):
     @property
     def workers(self) -> list[Any]:
         return self._workers
+
+    @property
+    def worker_node_ids(self) -> list[str]:
+        """The Ray node id of each rank (empty for a group built from existing actors)."""
+        return self._worker_node_ids
 
     @property
     def master_address(self) -> str | None:
@@ -282,6 +291,7 @@ class RayWorkerGroup(WorkerGroup):
                 device_name=self.device_name,
             )
             view._master_addr, view._master_port = self._master_addr, self._master_port
+            view._worker_node_ids = self._worker_node_ids
             view.sub_cls_name = prefix
             for method_name in list(view.method_names):
                 if method_name.startswith(prefix + "_"):

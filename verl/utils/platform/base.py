@@ -68,6 +68,26 @@ class Platform:
     def set_device(self, device_id: int) -> None:
         self.torch_module().set_device(device_id)
 
+    def local_device_index(self, local_rank: int) -> int:
+        """Index, among the devices this process sees, of the device of local rank ``local_rank``.
+
+        Under Ray a worker that asks for one device sees only that one (Ray sets ``visible_devices_envvar`` to
+        it): index 0. When Ray is told to leave the variable alone (``RAY_EXPERIMENTAL_NOSET_<var>=1``, which the
+        Ascend recipes export), or under torchrun, every process of a node sees all of its devices and local rank
+        ``r`` takes device ``r``. Binding every rank to device 0 there would stack a node's ranks on one device.
+        """
+        count = self.device_count()
+        if count <= 1:
+            return 0
+        if not 0 <= local_rank < count:
+            visible = os.environ.get(self.visible_devices_envvar or "", "<unset>")
+            raise RuntimeError(
+                f"LOCAL_RANK={local_rank} but this process sees {count} {self.device_name} device(s) "
+                f"({self.visible_devices_envvar}={visible}); give each node at least trainer.n_gpus_per_node "
+                "devices, or let Ray assign one device per worker (unset RAY_EXPERIMENTAL_NOSET_*)"
+            )
+        return local_rank
+
     def device(self, index: int | None = None) -> torch.device:
         """``torch.device`` of this family; ``index=None`` means the current device."""
         return torch.device(self.device_name, self.current_device_id() if index is None else index)

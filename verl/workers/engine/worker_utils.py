@@ -125,7 +125,7 @@ def init_process_group(rank: int, world_size: int, local_rank: int, timeout_s: i
     Uses the platform's backend (gloo / nccl / hccl) and binds the process to its local device first.
     ``MASTER_ADDR``/``MASTER_PORT`` come from the worker group.
     """
-    from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device
+    from verl.utils.device import get_device_name, get_local_device_index, get_nccl_backend, get_torch_device
 
     if dist.is_initialized():
         return
@@ -135,7 +135,7 @@ def init_process_group(rank: int, world_size: int, local_rank: int, timeout_s: i
             "LocalWorkerGroup), which sets them"
         )
     if get_device_name() != "cpu":
-        get_torch_device().set_device(local_rank)
+        get_torch_device().set_device(get_local_device_index(local_rank))
     dist.init_process_group(
         backend=get_nccl_backend(),
         rank=rank,
