@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from verl.utils.checkpoint.durable import (
     write_manifest,
     write_text_atomic,
 )
+from verl.utils.checkpoint.save_errors import save_error
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,40 @@ def commit_step_dir(root: str | os.PathLike, tmp: Path, global_step: int, max_to
         for old_step in list_steps(root)[:-max_to_keep]:
             shutil.rmtree(step_dir(root, old_step), ignore_errors=True)
     return final
+
+
+def _previous_checkpoint(root: Path) -> str:
+    """What a failed save leaves intact, for its error message."""
+    latest, _ = read_tracker(root / TRACKER_FILE) if (root / TRACKER_FILE).is_file() else (None, None)
+    if latest is None:
+        return "No earlier checkpoint of this run is affected (the tracker file was not changed)."
+    return (
+        f"The previous checkpoint global_step_{latest} ({step_dir(root, latest)}) is intact and "
+        "trainer.resume_mode=auto resumes from it."
+    )
+
+
+def save_step(
+    root: str | os.PathLike, global_step: int, write_parts: Callable[[Path], None], max_to_keep: int | None
+) -> Path:
+    """Write step ``global_step``'s checkpoint with ``write_parts(tmp_dir)`` (workers' parts and ``data.pt``), then
+    commit it (:func:`commit_step_dir`).
+
+    Raises:
+        CheckpointSaveError: anything failed; the message names the checkpoint, the reason (a full disk by name),
+            the free space, and the previous checkpoint, which is intact. The partial ``.tmp`` is removed.
+    """
+    root = Path(root)
+    intact = _previous_checkpoint(root)
+    tmp = root / f"global_step_{global_step}.tmp"
+    try:
+        tmp = begin_step_dir(root, global_step)
+        write_parts(tmp)
+        return commit_step_dir(root, tmp, global_step, max_to_keep)
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException; save_error passes Ctrl-C on
+        shutil.rmtree(tmp, ignore_errors=True)
+        hint = f" The partial {tmp} was removed; free disk space or point trainer.default_local_dir at a larger disk."
+        raise save_error(exc, step_dir(root, global_step), intact + hint) from exc
 
 
 def list_steps(root: str | os.PathLike) -> list[int]:

@@ -39,6 +39,7 @@ import torch.nn as nn
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, atomic_commit, prepare_tmp_dir
 from verl.utils.checkpoint.durable import NO_MANIFEST, CheckpointError, check_manifest
 from verl.utils.checkpoint.hf_export import DCP_MODEL_DIR, DCP_OPTIM_DIR, save_hf_model, unwrap_hf_model
+from verl.utils.checkpoint.save_errors import save_error
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import adapter_for, fsdp_version
 
@@ -99,18 +100,26 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     def save_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
     ) -> None:
-        """Write the checkpoint to ``local_path`` atomically. Collective: every rank calls it."""
+        """Write the checkpoint to ``local_path`` atomically. Collective: every rank calls it.
+
+        Raises:
+            CheckpointSaveError: any failure (a full disk named as such), with the path and the free space.
+        """
         if local_path is None:
             return
         if hdfs_path is not None:
             raise ValueError("checkpoint upload to HDFS is not supported; set trainer.default_hdfs_dir=null")
-        tmp = prepare_tmp_dir(local_path, self.rank)
-        self._save_states(tmp)
-        if self.rank == 0:
-            self._save_hf_config(tmp)
-        if self.should_save_hf_model:
-            self._save_hf_weights(tmp)
-        atomic_commit(tmp, local_path, self.rank)
+        try:
+            tmp = prepare_tmp_dir(local_path, self.rank)
+            self._save_states(tmp)
+            if self.rank == 0:
+                self._save_hf_config(tmp)
+            if self.should_save_hf_model:
+                self._save_hf_weights(tmp)
+            atomic_commit(tmp, local_path, self.rank)
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException; save_error passes Ctrl-C on
+            intact = f"{local_path} was not replaced: only {local_path}.tmp was written."
+            raise save_error(exc, local_path, intact) from exc
         self.previous_global_step = global_step
         self._record_saved_path(os.path.abspath(local_path).rstrip("/"), max_ckpt_to_keep)
 
