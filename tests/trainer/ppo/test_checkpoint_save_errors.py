@@ -119,7 +119,9 @@ def test_a_workers_error_keeps_its_reason_through_ray(tmp_path):
 
     from ray.exceptions import RayTaskError
 
-    worker_error = CheckpointSaveError("worker message", path="/x/actor", reason="the disk is full (x)", error_number=28)
+    worker_error = CheckpointSaveError(
+        "worker message", path="/x/actor", reason="the disk is full (x)", error_number=28
+    )
     wrapped = RayTaskError("save_checkpoint", "Traceback ...", pickle.loads(pickle.dumps(worker_error)))
     error = save_error(wrapped.as_instanceof_cause(), tmp_path / "global_step_2", "INTACT.")
     assert isinstance(error, CheckpointSaveError) and error.errno == 28
