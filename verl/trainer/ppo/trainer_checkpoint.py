@@ -11,7 +11,8 @@ Layout (upstream's, plus the manifest)::
 
 A step directory is written as ``global_step_N.tmp``; when every part is complete its files are fsynced, the
 manifest is written, and it is renamed, then the tracker is replaced (``verl.utils.checkpoint.durable`` gives the
-order and why). A run killed at any moment, or a host that crashes, leaves the previous checkpoint intact.
+order and why). A run killed at any moment, or a host that crashes, leaves the previous checkpoint intact; a run
+whose driver died commits nothing more (``verl.utils.driver_watch``).
 
 Resume (``auto``) trusts a checkpoint only if its manifest matches its files. The tracker's step is tried first,
 then older steps: an unreadable tracker, a step directory that is missing, empty or damaged (a truncated shard,
@@ -41,6 +42,7 @@ from verl.utils.checkpoint.durable import (
     write_text_atomic,
 )
 from verl.utils.checkpoint.save_errors import save_error
+from verl.utils.driver_watch import DriverGoneError, check_driver_alive
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ def commit_step_dir(root: str | os.PathLike, tmp: Path, global_step: int, max_to
     final = step_dir(root, global_step)
     fsync_tree(tmp)
     write_manifest(tmp)
+    check_driver_alive(f"committing {final}")  # a stopped run changes no checkpoint
     if final.exists():  # a re-save of the same step
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -118,6 +121,8 @@ def save_step(
         tmp = begin_step_dir(root, global_step)
         write_parts(tmp)
         return commit_step_dir(root, tmp, global_step, max_to_keep)
+    except DriverGoneError:
+        raise  # the run was stopped: leave the directory exactly as it is
     except BaseException as exc:  # DCP's CheckpointException is a BaseException; save_error passes Ctrl-C on
         shutil.rmtree(tmp, ignore_errors=True)
         hint = f" The partial {tmp} was removed; free disk space or point trainer.default_local_dir at a larger disk."

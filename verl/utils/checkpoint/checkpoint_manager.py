@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from verl.utils.checkpoint.durable import fsync_path, fsync_tree, write_manifest
 from verl.utils.device import get_device_name, get_platform
+from verl.utils.driver_watch import check_driver_alive
 
 __all__ = [
     "BaseCheckpointManager",
@@ -173,6 +174,7 @@ def atomic_commit(tmp: str, local_path: str, rank: int) -> None:
     if rank == 0:
         write_manifest(tmp)
         final = os.path.abspath(local_path).rstrip("/")
+        check_driver_alive(f"committing {final}")
         old = final + ".old"
         if os.path.exists(old):
             shutil.rmtree(old)

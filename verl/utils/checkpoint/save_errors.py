@@ -98,9 +98,11 @@ def save_error(exc: BaseException, target: str | Path, intact: str) -> BaseExcep
     """The error to raise for ``exc``, which ended the save of the checkpoint ``target``.
 
     ``intact`` states what was not touched (e.g. "The previous checkpoint global_step_2 (...) is intact ...").
-    KeyboardInterrupt and SystemExit are returned unchanged.
+    KeyboardInterrupt, SystemExit and DriverGoneError (the run was stopped) are returned unchanged.
     """
-    if isinstance(exc, _PASS_THROUGH):
+    from verl.utils.driver_watch import DriverGoneError
+
+    if isinstance(exc, (*_PASS_THROUGH, DriverGoneError)):
         return exc
     reason, error_number = _reason(exc)
     message = f"Saving the checkpoint {target} failed: {reason}. Now {describe_free_space(target)}. {intact}"
