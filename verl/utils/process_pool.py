@@ -228,6 +228,9 @@ def _close_workers(workers: list[_Worker]) -> None:
     workers.clear()
 
 
+_SHARED: weakref.WeakValueDictionary[tuple[bytes, int], ProcessCallPool] = weakref.WeakValueDictionary()
+
+
 class ProcessCallPool:
     """Calls ``fn(**kwargs)`` for a batch of kwargs on up to ``num_workers`` worker processes.
 
@@ -247,6 +250,21 @@ class ProcessCallPool:
         self._payload = _dumps(fn)
         self._idle: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _close_workers, self._idle)
+
+    @classmethod
+    def shared(cls, fn: Callable[..., Any], num_workers: int) -> ProcessCallPool:
+        """The pool of this process for the same function and size, made on first use.
+
+        Callers never score at the same time (the trainer's training and validation reward managers), so they can
+        share workers instead of starting ``num_workers`` each.
+        """
+        pool = cls(fn, num_workers)
+        key = (pool._payload, num_workers)
+        existing = _SHARED.get(key)
+        if existing is not None:
+            return existing
+        _SHARED[key] = pool
+        return pool
 
     def __getstate__(self) -> dict:
         return {"num_workers": self.num_workers, "_payload": self._payload}
@@ -310,7 +328,7 @@ class _BatchRun:
                     del self.busy[conn]
             now = time.monotonic()
             self._kill_overdue(now)
-            if self.deadline is not None and now >= self.deadline:
+            if self.deadline is not None and now >= self.deadline and (self.pending or self.busy):
                 self._abandon(now)
                 break
             if now >= self.next_progress and (self.pending or self.busy):

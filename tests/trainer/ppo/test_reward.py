@@ -91,7 +91,9 @@ def test_default_is_naive_with_default_compute_score_and_the_reward_config_limit
     assert tensor.sum() == 1.0 and extra["reward_failed"] == [False, False]
     manager.close()
     configured = cfg(reward={"num_workers": 2, "compute_score_timeout": 7.0, "batch_timeout": 30.0})
-    assert load_reward_manager(configured, tokenizer).scorer.limits == ScoringLimits(2, 7.0, 30.0)
+    train, val = (load_reward_manager(configured, tokenizer, num_examine=n) for n in (0, 1))
+    assert train.scorer.limits == ScoringLimits(2, 7.0, 30.0)
+    assert train.scorer.pool is val.scorer.pool  # training and validation share their worker processes
     assert load_reward_manager(cfg(), tokenizer, compute_score_timeout=5).compute_score_timeout == 5
 
 

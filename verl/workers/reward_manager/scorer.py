@@ -66,13 +66,15 @@ class SampleScorer:
     """Calls ``fn(**kwargs)`` once per entry of a batch under :class:`ScoringLimits`; never raises for what the
     user function does (raises RuntimeError only when a worker cannot even load the function).
 
-    ``labels[i]`` names entry ``i`` in reports (its data source). The worker processes stay between batches;
-    :meth:`close` stops them (they also stop when the scorer is garbage collected or the process exits).
+    ``labels[i]`` names entry ``i`` in reports (its data source). The worker processes stay between batches and
+    are shared with the other scorers of this process that have the same function and size; :meth:`close` stops
+    them (a later batch starts them again; they also stop when the last scorer is collected or the process exits).
     """
 
     def __init__(self, fn: Callable[..., Any], limits: ScoringLimits, manager: str):
         self.fn, self.limits, self.manager = fn, limits, manager
-        self.pool = None if limits.in_process else ProcessCallPool(fn, limits.num_workers or 1)
+        # Managers of one run with the same function (training and validation) share their workers.
+        self.pool = None if limits.in_process else ProcessCallPool.shared(fn, limits.num_workers or 1)
 
     def close(self) -> None:
         if self.pool is not None:
