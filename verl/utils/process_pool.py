@@ -94,7 +94,11 @@ class PoolEvent:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Linux: SIGKILL this worker when the process that started it exits (even if a call hangs)."""
+    """Linux: SIGKILL this worker when the process that started it exits (even if a call hangs).
+
+    PR_SET_PDEATHSIG fires when the *thread* that started the worker exits; a pool used from a short-lived thread
+    finds such workers dead and starts new ones (``_take_worker``).
+    """
     if sys.platform.startswith("linux"):
         import ctypes
 
