@@ -118,17 +118,23 @@ def test_four_workers_run_four_calls_at_once(tokenizer, make_batch, reward_file)
 HANGING = ["A: hang"] * 7 + ["A: 1"]
 
 
+@pytest.mark.timeout(180)  # without the kill the hang is an hour: fail instead of waiting for it
 def test_hanging_reward_with_a_2s_limit(tokenizer, make_batch, reward_file, tmp_path, caplog):
-    """7 of 8 samples hang (each also starts a subprocess), reward.compute_score_timeout=2, 4 workers.
+    """7 of 8 samples hang (each also starts a subprocess), reward.compute_score_timeout=2,
+    reward.batch_timeout=60, 4 workers.
 
     * the first timeout is logged while the batch runs, within the 2 s limit + a few seconds of the start (serial
       scoring would report nothing before 7 x 2 = 14 s), naming sample index and data source;
+    * the batch finishes within its 60 s deadline: every hanging sample ended by its own 2 s limit (the deadline
+      warning never appears) and the one good sample is scored (two waves of 2 s plus worker restarts; the 60 s
+      leave room for a loaded machine, where a restart takes a few seconds);
     * the trainer's reward step (``RayPPOTrainer._compute_reward``, what ``fit`` calls) counts 7 timed out;
     * every hung worker and its subprocess are gone, no thread was added, and the next batch scores normally.
     """
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    config = _config(reward_file, num_workers=4, compute_score_timeout=2.0, reward_kwargs={"pid_dir": str(pid_dir)})
+    config = _config(reward_file, num_workers=4, compute_score_timeout=2.0, batch_timeout=60.0,
+                     reward_kwargs={"pid_dir": str(pid_dir)})  # fmt: skip
     manager = load_reward_manager(config, tokenizer)
     batch = make_batch([f"Q: {i}" for i in range(8)], HANGING, ["1"] * 8, data_sources=[f"src{i}" for i in range(8)])
     threads_before = threading.active_count()
@@ -136,6 +142,7 @@ def test_hanging_reward_with_a_2s_limit(tokenizer, make_batch, reward_file, tmp_
     start = time.time()
     with caplog.at_level(logging.WARNING):
         RayPPOTrainer._compute_reward(SimpleNamespace(reward_fn=manager), batch, metrics)
+    assert time.time() - start < 60.0 and "reward.batch_timeout=60 s reached" not in caplog.text
     first = next(r for r in caplog.records if "did not return within reward.compute_score_timeout=2 s" in r.message)
     assert first.created - start < 2.0 + 4.0
     named = re.search(r"sample (\d) \(data_source='src(\d)'\)", first.message)
@@ -151,6 +158,7 @@ def test_hanging_reward_with_a_2s_limit(tokenizer, make_batch, reward_file, tmp_
     assert _wait_gone(idle) == []
 
 
+@pytest.mark.timeout(180)  # without the batch limit the hang is an hour: fail instead of waiting for it
 def test_batch_limit_ends_a_batch_of_hanging_samples(tokenizer, make_batch, reward_file, tmp_path, caplog):
     """8 hanging samples, no per-call limit, reward.batch_timeout=3: the call returns (the hang is an hour), all 8
     score 0.0 as timed out, and one warning names reward.batch_timeout, the count and the first unfinished sample."""

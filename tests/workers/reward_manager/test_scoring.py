@@ -4,12 +4,12 @@ import threading
 
 import pytest
 
+from verl.workers.reward_manager.scorer import SampleScorer, ScoringLimits
 from verl.workers.reward_manager.scoring import (
     ScoreResult,
     call_in_process,
     collect_extra_info,
     failure_metrics,
-    score_one,
     shorten,
     to_score,
 )
@@ -40,11 +40,15 @@ def test_call_in_process_propagates_result_and_error():
     assert not [t for t in threading.enumerate() if t.name == "verl-reward-fn"]
 
 
-def test_score_one_never_raises():
-    """score_one turns exceptions into ScoreResult(error=...) with score 0.0."""
-    result = score_one(lambda: 1 / 0, {})
-    assert result.failed and result.score == 0.0 and "ZeroDivisionError" in result.error
-    assert score_one(lambda: 3, {}) == ScoreResult(score=3.0)
+def test_in_process_scoring_never_raises():
+    """Without limits (a manager built directly) calls run in this process, one by one: an exception or an unusable
+    value becomes ScoreResult(error=...) with score 0.0, the other calls still score."""
+    scorer = SampleScorer(lambda x: 1 / x if x else {"no": "score"}, ScoringLimits(), "test")
+    assert scorer.pool is None
+    zero, bad, ok = scorer.score([{"x": "a"}, {"x": 0}, {"x": 4}], ["s0", "s1", "s2"])
+    assert zero.failed and zero.score == 0.0 and zero.error.startswith("TypeError: unsupported operand")
+    assert bad.failed and "without a 'score' key" in bad.error
+    assert ok == ScoreResult(score=0.25)
 
 
 def test_shorten_keeps_head_and_tail():

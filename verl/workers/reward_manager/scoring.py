@@ -100,15 +100,6 @@ def to_score(result: Any) -> tuple[float, dict]:
     return value, extra
 
 
-def score_one(fn: Callable[..., Any], kwargs: dict) -> ScoreResult:
-    """Score one call in this process: never raises for user errors; failures become ``ScoreResult(error=...)``."""
-    try:
-        score, extra = to_score(call_in_process(fn, kwargs))
-    except Exception as exc:  # noqa: BLE001 - any user exception scores 0 and is reported
-        return ScoreResult(error=f"{type(exc).__name__}: {exc}")
-    return ScoreResult(score=score, extra=extra)
-
-
 def shorten(text: str, limit: int = _SHOW_CHARS) -> str:
     """``text`` if short, else its head and tail around an ellipsis (the answer usually sits at the end)."""
     if len(text) <= limit:
