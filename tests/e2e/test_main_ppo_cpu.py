@@ -244,10 +244,10 @@ def test_killed_launcher_commits_no_checkpoint_after_the_kill(assets, tmp_path):
     trainer has every chance to commit). Then: every process of the run stops (bound printed), no global_step_k
     appears and the tracker still names k - 1, and a new run resumes from k - 1 and finishes.
 
-    What makes the commit impossible after the kill is the trainer's check of the driver right before the rename
-    (verl.utils.driver_watch); that check alone is proven by tests/utils/test_driver_watch.py, which fails without
-    it. Here Ray ends the frozen trainer on resume as well (its owner, the driver, is gone), so this test shows the
-    user-visible outcome rather than isolating the check.
+    What makes the commit impossible after the kill is verl.utils.driver_watch: the trainer's watchdog and its check
+    of the driver right before the rename. With both removed this test fails: the resumed trainer commits
+    global_step_k after the kill (Ray alone does not stop it in time). The commit check on its own is proven by
+    tests/utils/test_driver_watch.py.
     """
     common = ("trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.val_before_train=False")
     ckpt = tmp_path / "ckpt"

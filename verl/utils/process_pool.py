@@ -27,7 +27,10 @@ What the function can rely on, since it runs in a worker and not in the caller:
   stdout / stderr;
 * a worker that timed out is replaced by a fresh one, which runs the module top level again.
 
-Unix only (the worker's socket is inherited as a file descriptor).
+Unix only (the worker's socket is inherited as a file descriptor). On Linux a worker dies with the process that
+started it (``PR_SET_PDEATHSIG``), even mid-call; a subprocess that the call itself started is killed with its
+worker on a timeout or :meth:`ProcessCallPool.close`, but not when the caller is SIGKILLed mid-call: nothing of
+the pool is left to kill the worker's process group then, so such a subprocess runs on until it ends.
 """
 
 from __future__ import annotations
