@@ -5,11 +5,14 @@ Invariants:
 * PPO with a critic (GAE) runs end to end and logs the critic metrics.
 * A run killed (SIGKILL) after a checkpoint resumes from it with the same next batch, and its metrics match an
   uninterrupted run step for step.
+* A launcher killed while a checkpoint is being saved: every process of the run stops, no checkpoint appears after
+  the kill, and the next run resumes from the last one committed before it.
 * Config mistakes fail before Ray starts, naming the key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -177,6 +180,102 @@ def test_killed_run_resumes_with_same_data_and_metrics(assets, tmp_path):
         for name in DETERMINISTIC_METRICS:
             if name in expected[step]:
                 assert resumed[step][name] == pytest.approx(expected[step][name], rel=1e-5, abs=1e-6), (step, name)
+
+
+def _run_processes(driver_pid: int) -> dict[int, str]:
+    """{pid: command line} of the processes of the run whose driver is ``driver_pid`` (Ray actors and their children
+    carry the driver's identity in their environment, see verl.utils.driver_watch)."""
+    from verl.utils.driver_watch import DRIVER_ENV, DriverIdentity
+
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == driver_pid:
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        for var in environ:
+            if var.startswith(DRIVER_ENV.encode() + b"="):
+                identity = DriverIdentity.decode(var.split(b"=", 1)[1].decode())
+                if identity is not None and identity.pid == driver_pid:
+                    found[int(entry)] = cmdline
+    return found
+
+
+def _signal_all(pids, sig) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _freeze_while_saving(process: subprocess.Popen, ckpt: Path, steps: range) -> tuple[int, dict[int, str]]:
+    """Wait until the actor part of a step's checkpoint is written but the step is not committed yet (the trainer
+    is between the workers' save and its own commit), and SIGSTOP every process of the run right then. Returns
+    (step, frozen processes). A step whose commit was too quick to catch is let go and the next one tried."""
+    for step in steps:
+        marker = ckpt / f"global_step_{step}.tmp" / "actor" / "checkpoint_manifest.json"
+        deadline = time.time() + 600
+        while not marker.exists():
+            if process.poll() is not None or time.time() > deadline:
+                raise AssertionError(f"run ended (rc={process.returncode}) before saving step {step}")
+            time.sleep(0.001)
+        frozen = _run_processes(process.pid)
+        _signal_all(frozen, signal.SIGSTOP)
+        if not (ckpt / f"global_step_{step}").exists():
+            return step, frozen
+        _signal_all(frozen, signal.SIGCONT)
+    raise AssertionError(f"no save of steps {list(steps)} could be caught before its commit")
+
+
+def test_killed_launcher_commits_no_checkpoint_after_the_kill(assets, tmp_path):
+    """The launcher's process group is SIGKILLed while step k's checkpoint is being saved (its actor part written,
+    the step not committed; every process of the run frozen at that instant and resumed after the kill, so the
+    trainer has every chance to commit). Then: every process of the run stops (bound printed), no global_step_k
+    appears and the tracker still names k - 1, and a new run resumes from k - 1 and finishes.
+
+    What makes the commit impossible after the kill is verl.utils.driver_watch: the trainer's watchdog and its check
+    of the driver right before the rename. With both removed this test fails: the resumed trainer commits
+    global_step_k after the kill (Ray alone does not stop it in time). The commit check on its own is proven by
+    tests/utils/test_driver_watch.py.
+    """
+    common = ("trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.val_before_train=False")
+    ckpt = tmp_path / "ckpt"
+    process = subprocess.Popen(_command(assets, tmp_path, *common), env=_env(), cwd=REPO, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        step, frozen = _freeze_while_saving(process, ckpt, range(2, 5))
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    killed_at = time.monotonic()
+    _signal_all(frozen, signal.SIGCONT)
+    deadline, stopped_after = killed_at + 30, {}
+    while len(stopped_after) < len(frozen) and time.monotonic() < deadline:
+        for pid in frozen:
+            if pid not in stopped_after and not _alive(pid):
+                stopped_after[pid] = time.monotonic() - killed_at
+        time.sleep(0.01)
+    print("stopped after the kill:", {frozen[p][:40]: f"{t:.2f} s" for p, t in sorted(stopped_after.items())})
+    assert not _run_processes(process.pid), "processes of the killed run are still alive"
+    assert any("TaskRunner" in cmd for cmd in frozen.values()), frozen  # the trainer was among the frozen
+    assert not (ckpt / f"global_step_{step}").exists()
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(step - 1)
+
+    resumed = _run(_command(assets, tmp_path, *common, "trainer.resume_mode=auto"))
+    assert f"resuming from {ckpt / f'global_step_{step - 1}'}" in resumed.stdout + resumed.stderr
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "4"
+    assert sorted(_metrics(tmp_path))[-1] == 4
 
 
 def _stop_stray_ray() -> None:

@@ -111,3 +111,38 @@ def test_loaded_function_survives_cloudpickle_into_a_fresh_process(user_file, tm
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "15"
+
+
+STATEFUL_FILE = textwrap.dedent(
+    """
+    import os
+    import threading
+
+    LOCK = threading.Lock()  # unpicklable module state: pickling the function by value would fail on it
+    LOADS = [os.getpid()]
+
+    def whoami(x):
+        with LOCK:
+            return x, LOADS
+    """
+)
+
+
+def test_extern_function_pickles_as_source_and_reloads_where_the_file_is_gone(tmp_path):
+    """as_extern_function: the loaded function pickles as (path, name, source); unpickling executes the source again
+    (fresh module globals, so an unpicklable lock is fine) in a process that cannot read the file any more."""
+    import pickle
+
+    from verl.utils.import_utils import ExternFunction, as_extern_function
+
+    path = tmp_path / "stateful.py"
+    path.write_text(STATEFUL_FILE)
+    fn = as_extern_function(load_extern_object(str(path), "whoami"), str(path), "whoami")
+    assert isinstance(fn, ExternFunction) and fn.__name__ == "whoami" and fn(1)[0] == 1
+    payload = pickle.dumps(fn)
+    path.unlink()
+    code = "import pickle, sys, os; fn = pickle.loads(sys.stdin.buffer.read()); x, loads = fn(7); print(x, loads == [os.getpid()])"
+    out = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert out.stdout.decode().split() == ["7", "True"]  # the module top level ran in that process
+    assert as_extern_function(len, "pkg://builtins", "len") is len  # importable modules stay themselves

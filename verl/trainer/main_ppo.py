@@ -51,7 +51,9 @@ _FORWARDED_ENV_PREFIXES = ("HCCL_", "ASCEND_", "RAY_EXPERIMENTAL_NOSET_")
 
 
 def get_ppo_ray_runtime_env() -> dict:
-    """Worker environment: defaults, the platform's collective settings (HCCL timeouts), forwarded driver vars."""
+    """Worker environment: defaults, the platform's collective settings (HCCL timeouts), forwarded driver vars, and
+    this driver's identity, so that the run's processes stop when it dies (``verl.utils.driver_watch``)."""
+    from verl.utils.driver_watch import driver_env
     from verl.utils.platform import get_platform
 
     env_vars = {k: v for k, v in _WORKER_ENV.items() if k not in os.environ}
@@ -60,6 +62,7 @@ def get_ppo_ray_runtime_env() -> dict:
     forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV_PREFIXES)}
     forwarded.pop("ASCEND_RT_VISIBLE_DEVICES", None)
     env_vars.update(forwarded)
+    env_vars.update(driver_env())
     return {"env_vars": env_vars}
 
 
@@ -164,8 +167,10 @@ class TaskRunner:
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.trainer.ppo.reward import load_reward_manager
         from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.utils.driver_watch import start_driver_watch
         from verl.utils.tokenizer import hf_processor, hf_tokenizer
 
+        start_driver_watch("the TaskRunner")  # a dead driver stops the trainer at once (no save after it)
         OmegaConf.resolve(config)
         model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
         trust_remote_code = config.data.trust_remote_code

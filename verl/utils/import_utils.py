@@ -6,7 +6,9 @@ Upstream names: ``load_module``, ``load_extern_object``, ``load_extern_type``, `
 
 A file is executed as a fresh module that is *not* left in ``sys.modules``: cloudpickle (Ray) then ships the
 functions and classes it defines by value, so a reward function loaded on the driver also works inside a Ray
-actor on another process that cannot import the file by name.
+actor on another process that cannot import the file by name. A function wrapped by :func:`as_extern_function`
+(the reward function) pickles as the file's source instead and is re-executed where it is unpickled, so each
+process gets its own module globals (see :class:`ExternFunction`).
 """
 
 from __future__ import annotations
@@ -73,23 +75,31 @@ def _module_name_for(path: str) -> str:
     return f"verl_extern_{stem}_{digest}"
 
 
-def _exec_file_module(path: str, module_name: str | None) -> ModuleType:
-    """Execute the Python file at ``path`` as a new module and return it."""
+def _exec_source_module(source: str, path: str, module_name: str | None) -> ModuleType:
+    """Execute ``source`` (the text of the file at ``path``) as a new module and return it."""
     name = module_name or _module_name_for(path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"Cannot load {path!r} as a Python module (is it a .py file?).")
+    spec = importlib.util.spec_from_loader(name, loader=None, origin=path)
     module = importlib.util.module_from_spec(spec)
+    module.__file__ = path
     # Registered only while it runs: dataclasses and typing look the module up by name during class creation.
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, path, "exec"), module.__dict__)  # noqa: S102 - the user's own file, named in the config
     except Exception as exc:
         raise ImportError(f"Executing {path!r} failed: {type(exc).__name__}: {exc}") from exc
     finally:
         if module_name is None:
             sys.modules.pop(name, None)
     return module
+
+
+def _exec_file_module(path: str, module_name: str | None) -> ModuleType:
+    """Execute the Python file at ``path`` as a new module and return it."""
+    if not path.endswith(".py"):
+        raise ImportError(f"Cannot load {path!r} as a Python module (is it a .py file?).")
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    return _exec_source_module(source, path, module_name)
 
 
 def load_module(module_path: str | None, module_name: str | None = None) -> ModuleType | None:
@@ -159,6 +169,47 @@ def import_external_libs(external_libs: str | list[str] | None = None) -> None:
         return
     for name in [external_libs] if isinstance(external_libs, str) else external_libs:
         importlib.import_module(name)
+
+
+class ExternFunction:
+    """Function ``name`` of the Python file at ``path``, called like the function itself, that pickles as the
+    file's source text.
+
+    Unpickling it (in a reward worker process, a Ray actor, a process on another node) executes that source again as
+    a fresh module and takes ``name`` from it. So the function works where the file does not exist, its module
+    top-level code runs once in each process that uses it, and its module globals belong to that process, exactly as
+    if each process had loaded the file itself. (Pickling the function object by value instead would copy its
+    globals as they were when pickled, and fail on unpicklable ones such as a lock or an open client.)
+    """
+
+    def __init__(self, path: str, name: str, source: str, function: Callable[..., Any] | None = None):
+        self.path, self.name, self.source = path, name, source
+        if function is None:
+            module = _exec_source_module(source, path, None)
+            if not hasattr(module, name):
+                raise AttributeError(f"{name!r} not found in {path!r}. Public names there: {_public_names(module)}.")
+            function = getattr(module, name)
+        self.function = function
+        functools.update_wrapper(self, function)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(*args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        return ExternFunction, (self.path, self.name, self.source)
+
+    def __repr__(self) -> str:
+        return f"ExternFunction({self.name!r} from {self.path!r})"
+
+
+def as_extern_function(function: Callable[..., Any], module_path: str, name: str) -> Callable[..., Any]:
+    """``function`` (already loaded from ``module_path``) as an :class:`ExternFunction` when it comes from a file;
+    a ``pkg://`` module's function is importable by name everywhere and is returned as it is."""
+    if module_path.startswith(PKG_PREFIX):
+        return function
+    path = os.path.abspath(os.path.expanduser(module_path.removeprefix(FILE_PREFIX)))
+    with open(path, encoding="utf-8") as f:
+        return ExternFunction(path, name, f.read(), function=function)
 
 
 def deprecated(replacement: str = "") -> Callable[[Any], Any]:

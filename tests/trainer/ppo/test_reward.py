@@ -11,7 +11,6 @@ from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.reward import (
-    DEFAULT_COMPUTE_SCORE_TIMEOUT_S,
     compute_reward,
     compute_reward_async,
     get_custom_reward_fn,
@@ -20,7 +19,9 @@ from verl.trainer.ppo.reward import (
 )
 from verl.utils.reward_score import default_compute_score
 from verl.utils.tokenizer import build_offline_tokenizer
+from verl.workers.config.reward import RewardConfig
 from verl.workers.reward_manager import BatchRewardManager, DAPORewardManager, NaiveRewardManager
+from verl.workers.reward_manager.scorer import ScoringLimits
 
 USER_REWARD = textwrap.dedent(
     """
@@ -75,14 +76,24 @@ def cfg(**tree):
     return OmegaConf.create({"data": {"reward_fn_key": "data_source"}, **tree})
 
 
-def test_default_is_naive_with_default_compute_score_and_a_timeout(tokenizer):
-    """No custom function: NaiveRewardManager + default_compute_score, per-sample timeout defaulted (not None)."""
+def test_default_is_naive_with_default_compute_score_and_the_reward_config_limits(tokenizer):
+    """No custom function: NaiveRewardManager + default_compute_score, scoring in reward.num_workers processes with
+    reward.compute_score_timeout / reward.batch_timeout (RewardConfig's defaults when the config has no reward
+    node); reward.* keys and reward_kwargs override them."""
+    defaults = RewardConfig()
     manager = load_reward_manager(cfg(), tokenizer, num_examine=0)
     assert isinstance(manager, NaiveRewardManager) and manager.compute_score is default_compute_score
-    assert manager.compute_score_timeout == DEFAULT_COMPUTE_SCORE_TIMEOUT_S
+    assert manager.scorer.limits == ScoringLimits(
+        defaults.num_workers, defaults.compute_score_timeout, defaults.batch_timeout
+    )
     batch = make_batch(tokenizer, ["A: 2 #### 2", "#### 3"], ["2", "4"])
     tensor, extra = compute_reward(batch, manager)
     assert tensor.sum() == 1.0 and extra["reward_failed"] == [False, False]
+    manager.close()
+    configured = cfg(reward={"num_workers": 2, "compute_score_timeout": 7.0, "batch_timeout": 30.0})
+    train, val = (load_reward_manager(configured, tokenizer, num_examine=n) for n in (0, 1))
+    assert train.scorer.limits == ScoringLimits(2, 7.0, 30.0)
+    assert train.scorer.pool is val.scorer.pool  # training and validation share their worker processes
     assert load_reward_manager(cfg(), tokenizer, compute_score_timeout=5).compute_score_timeout == 5
 
 

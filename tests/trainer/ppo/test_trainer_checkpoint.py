@@ -1,8 +1,9 @@
-"""Trainer-level checkpoint directories: atomic commit, retention, and the three resume modes."""
+"""Trainer-level checkpoint directories: atomic commit, retention, and the three resume modes (damaged checkpoints\nand durability: test_checkpoint_durability.py)."""
 
 import pytest
 
 from verl.trainer.ppo import trainer_checkpoint as tc
+from verl.utils.checkpoint.durable import CheckpointError
 
 
 def _save(root, step, keep=None, payload="x"):
@@ -57,6 +58,7 @@ def test_resume_modes(tmp_path):
 
 
 def test_tracker_pointing_to_missing_dir_is_a_clear_error(tmp_path):
+    """A tracker naming a step that does not exist, with nothing older: CheckpointError naming the file and the fix."""
     (tmp_path / tc.TRACKER_FILE).write_text("7")
-    with pytest.raises(ValueError, match="global_step_7"):
+    with pytest.raises(CheckpointError, match=r"names step 7, but .*global_step_7 does not exist.*resume_mode=disable"):
         tc.find_resume_point("auto", tmp_path, None)

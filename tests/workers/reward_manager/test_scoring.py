@@ -1,15 +1,15 @@
-"""Scoring helpers: return-value contract, timeouts, text shortening, extra-info alignment."""
+"""Scoring helpers: return-value contract, in-process calls, text shortening, extra-info alignment."""
 
-import time
+import threading
 
 import pytest
 
+from verl.workers.reward_manager.scorer import SampleScorer, ScoringLimits
 from verl.workers.reward_manager.scoring import (
     ScoreResult,
-    call_with_timeout,
+    call_in_process,
     collect_extra_info,
     failure_metrics,
-    score_one,
     shorten,
     to_score,
 )
@@ -27,22 +27,28 @@ def test_to_score_contract():
         to_score(float("inf"))
 
 
-def test_call_with_timeout_propagates_result_and_error():
-    """The value or the original exception comes back; a hang past the limit is a TimeoutError."""
-    assert call_with_timeout(lambda x: x + 1, {"x": 1}, 1.0) == 2
+def test_call_in_process_propagates_result_and_error():
+    """The value or the original exception comes back; an async function is awaited (its thread is joined)."""
+    assert call_in_process(lambda x: x + 1, {"x": 1}) == 2
     with pytest.raises(KeyError):
-        call_with_timeout(lambda: {}["k"], {}, 1.0)
-    start = time.monotonic()
-    with pytest.raises(TimeoutError):
-        call_with_timeout(lambda: time.sleep(30), {}, 0.1)
-    assert time.monotonic() - start < 5.0
+        call_in_process(lambda: {}["k"], {})
+
+    async def double(x):
+        return 2 * x
+
+    assert call_in_process(double, {"x": 3}) == 6
+    assert not [t for t in threading.enumerate() if t.name == "verl-reward-fn"]
 
 
-def test_score_one_never_raises():
-    """score_one turns exceptions into ScoreResult(error=...) with score 0.0."""
-    result = score_one(lambda: 1 / 0, {}, None)
-    assert result.failed and result.score == 0.0 and "ZeroDivisionError" in result.error
-    assert score_one(lambda: 3, {}, None) == ScoreResult(score=3.0)
+def test_in_process_scoring_never_raises():
+    """Without limits (a manager built directly) calls run in this process, one by one: an exception or an unusable
+    value becomes ScoreResult(error=...) with score 0.0, the other calls still score."""
+    scorer = SampleScorer(lambda x: 1 / x if x else {"no": "score"}, ScoringLimits(), "test")
+    assert scorer.pool is None
+    zero, bad, ok = scorer.score([{"x": "a"}, {"x": 0}, {"x": 4}], ["s0", "s1", "s2"])
+    assert zero.failed and zero.score == 0.0 and zero.error.startswith("TypeError: unsupported operand")
+    assert bad.failed and "without a 'score' key" in bad.error
+    assert ok == ScoreResult(score=0.25)
 
 
 def test_shorten_keeps_head_and_tail():

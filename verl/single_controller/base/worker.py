@@ -108,6 +108,10 @@ class Worker(WorkerHelper):
         ]
 
     def __init__(self, cuda_visible_devices: str | None = None) -> None:
+        from verl.utils.driver_watch import start_driver_watch
+
+        # Under main_ppo: stop this process as soon as the run's driver dies (verl.utils.driver_watch).
+        start_driver_watch(type(self).__name__)
         info = read_rank_env()
         self._world_size: int = info["world_size"]
         self._rank: int = info["rank"]

@@ -452,16 +452,20 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self) -> None:
+        """Step directory ``global_step_N``: actor, critic, dataloader + driver state; committed durably. A failure
+        (a full disk) raises CheckpointSaveError naming the path, the free space and the intact previous one."""
         trainer_cfg = self.config.trainer
-        root = trainer_cfg.default_local_dir
-        tmp = trainer_checkpoint.begin_step_dir(root, self.global_steps)
-        self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"), self.global_steps)
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(str(tmp / "critic"), self.global_steps)
-        extra = {"kl_coef": self.kl_ctrl_in_reward.value if self.kl_ctrl_in_reward is not None else None}
-        trainer_checkpoint.save_driver_state(tmp, self.train_dataloader.state_dict(), extra)
-        keep = trainer_cfg.max_actor_ckpt_to_keep
-        trainer_checkpoint.commit_step_dir(root, tmp, self.global_steps, keep)
+
+        def write_parts(tmp: Path) -> None:
+            self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"), self.global_steps)
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(str(tmp / "critic"), self.global_steps)
+            extra = {"kl_coef": self.kl_ctrl_in_reward.value if self.kl_ctrl_in_reward is not None else None}
+            trainer_checkpoint.save_driver_state(tmp, self.train_dataloader.state_dict(), extra)
+
+        trainer_checkpoint.save_step(
+            trainer_cfg.default_local_dir, self.global_steps, write_parts, trainer_cfg.max_actor_ckpt_to_keep
+        )
 
     def _load_checkpoint(self) -> None:
         trainer_cfg = self.config.trainer

@@ -8,7 +8,12 @@ Config keys read (v0.7 layout first, legacy top-level keys accepted when ``main_
   the user's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``;
 * ``reward.reward_manager.{source,name,module.path,module.name}`` / legacy ``reward_model.reward_manager``;
 * ``reward.sandbox_fusion.{url,memory_limit_mb}`` / legacy ``sandbox_fusion.*``;
+* ``reward.{num_workers,compute_score_timeout,batch_timeout}``: parallel scoring in worker processes and its time
+  limits (:mod:`verl.workers.reward_manager.scorer`), for the managers that take them;
 * ``data.reward_fn_key``.
+
+A function loaded from a file is an :class:`~verl.utils.import_utils.ExternFunction`: it pickles as the file's
+source, so the reward worker processes (and Ray actors) load it themselves.
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ from typing import Any
 
 import torch
 
-from verl.utils.import_utils import load_extern_object, load_module
+from verl.base_config import field_default
+from verl.utils.import_utils import as_extern_function, load_extern_object, load_module
 from verl.utils.reward_score import default_compute_score
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_COMPUTE_SCORE_TIMEOUT_S",
     "compute_reward",
     "compute_reward_async",
     "get_custom_reward_fn",
@@ -35,9 +40,9 @@ __all__ = [
     "reward_metrics_from_extra_info",
 ]
 
-# A reward function that hangs must not stall training forever; upstream has no limit by default. Override with
-# reward_kwargs.compute_score_timeout (seconds) for managers that accept it.
-DEFAULT_COMPUTE_SCORE_TIMEOUT_S = 300.0
+# reward.* settings handed to the managers whose constructor names them (upstream managers take
+# compute_score_timeout; num_workers and batch_timeout are this distribution's).
+SCORING_KEYS = ("num_workers", "compute_score_timeout", "batch_timeout")
 
 SAMPLE_SIGNATURE = ("data_source", "solution_str", "ground_truth", "extra_info")
 BATCH_SIGNATURE = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
@@ -113,7 +118,7 @@ def _load_custom_fn(path: str, name: str, path_key: str) -> Callable:
         )
     if not callable(fn):
         raise TypeError(f"{name_key}={name!r} in {path!r} is a {type(fn).__name__}, not a function.")
-    return fn
+    return as_extern_function(fn, path, name)
 
 
 def get_custom_reward_fn(config: Any, batch: bool = False) -> Callable | None:
@@ -167,20 +172,32 @@ def _accepts(cls: type, parameter: str) -> bool:
     return parameter in inspect.signature(cls.__init__).parameters
 
 
+def _scoring_setting(config: Any, key: str) -> Any:
+    """``reward.<key>``, or its RewardConfig default when the config has no such key (a partial config)."""
+    from verl.workers.config.reward import RewardConfig
+
+    reward = _select(config, "reward")
+    if reward is not None and key in reward.keys():
+        return reward[key]
+    return field_default(RewardConfig, key)
+
+
 def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **reward_kwargs: Any) -> Any:
     """The configured reward manager, built as ``cls(tokenizer=, num_examine=, compute_score=, reward_fn_key=,
     **reward_kwargs)`` (upstream v0.6 contract).
 
-    ``compute_score``: the custom function if configured, else ``default_compute_score``. Managers that accept
-    ``compute_score_timeout`` get :data:`DEFAULT_COMPUTE_SCORE_TIMEOUT_S` unless ``reward_kwargs`` sets it.
+    ``compute_score``: the custom function if configured, else ``default_compute_score``. Managers whose
+    constructor takes ``num_workers`` / ``compute_score_timeout`` / ``batch_timeout`` get ``reward.<that key>``
+    unless ``reward_kwargs`` sets it.
     """
     manager_cls, description = _manager_class(config)
     is_batch = description == "batch"
     compute_score = get_custom_reward_fn(config, batch=is_batch) or (None if is_batch else _default_scorer(config))
     reward_fn_key = _select(config, "data.reward_fn_key") or "data_source"
     kwargs = dict(reward_kwargs)
-    if "compute_score_timeout" not in kwargs and _accepts(manager_cls, "compute_score_timeout"):
-        kwargs["compute_score_timeout"] = DEFAULT_COMPUTE_SCORE_TIMEOUT_S
+    for key in SCORING_KEYS:
+        if key not in kwargs and _accepts(manager_cls, key):
+            kwargs[key] = _scoring_setting(config, key)
     logger.info("reward manager: %s (reward_fn_key=%r, num_examine=%d)", description, reward_fn_key, num_examine)
     return manager_cls(
         tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score, reward_fn_key=reward_fn_key, **kwargs

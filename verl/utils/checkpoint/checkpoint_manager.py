@@ -1,8 +1,10 @@
 """Checkpoint manager base: what to save, atomic directory commits, retention, RNG state (upstream names).
 
 A checkpoint directory is written as ``<local_path>.tmp`` by every rank and renamed to ``<local_path>`` by rank 0
-only after every rank finished (:func:`atomic_commit`). A run killed mid-save therefore leaves at most a stale
-``.tmp`` directory next to the previous, intact checkpoint; the next save removes the stale directory.
+only after every rank finished (:func:`atomic_commit`): each rank fsyncs what is there, rank 0 writes the manifest
+(every file and its size) last, renames, and fsyncs the parent directory (``durable`` says why). A run killed
+mid-save therefore leaves at most a stale ``.tmp`` directory next to the previous, intact checkpoint; the next
+save removes the stale directory.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import torch
 import torch.distributed as dist
 
 from verl.upstream_gaps import missing_name_getattr
+from verl.utils.checkpoint.durable import fsync_path, fsync_tree, write_manifest
 from verl.utils.device import get_device_name, get_platform
+from verl.utils.driver_watch import check_driver_alive
 
 __all__ = [
     "BaseCheckpointManager",
@@ -166,15 +170,19 @@ def atomic_commit(tmp: str, local_path: str, rank: int) -> None:
     An existing ``local_path`` (a re-save of the same step) is first renamed aside, so at every instant either
     the old or the new complete checkpoint exists under its name or its ``.old`` name.
     """
+    fsync_tree(tmp)  # every rank: its own files reach the disk before rank 0 commits
     _barrier()
     if rank == 0:
+        write_manifest(tmp)
         final = os.path.abspath(local_path).rstrip("/")
+        check_driver_alive(f"committing {final}")
         old = final + ".old"
         if os.path.exists(old):
             shutil.rmtree(old)
         if os.path.exists(final):
             os.replace(final, old)
         os.replace(tmp, final)
+        fsync_path(os.path.dirname(final))
         shutil.rmtree(old, ignore_errors=True)
     _barrier()
 

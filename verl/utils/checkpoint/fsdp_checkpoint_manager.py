@@ -16,7 +16,8 @@ strategy (save at 2 ranks, resume at 1: DCP reshards), and ``hf_export.export_hf
 HF model offline. Directories in upstream's per-rank layout (``model_world_size_{W}_rank_{r}.pt``,
 ``optim_world_size_{W}_rank_{r}.pt``) still load, at their own world size only.
 
-The whole directory is written as ``<local_path>.tmp`` and renamed when complete (``atomic_commit``).
+The whole directory is written as ``<local_path>.tmp`` and renamed when complete, after an fsync of its files and
+a ``checkpoint_manifest.json`` listing them with their sizes (``atomic_commit``); loading checks the manifest.
 Every tensor handed to ``state_dict`` must be on one device: callers that offload parameters or optimizer
 state load them back first (field-report item 10; the workers do it around every phase).
 """
@@ -36,7 +37,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, atomic_commit, prepare_tmp_dir
+from verl.utils.checkpoint.durable import NO_MANIFEST, CheckpointError, check_manifest
 from verl.utils.checkpoint.hf_export import DCP_MODEL_DIR, DCP_OPTIM_DIR, save_hf_model, unwrap_hf_model
+from verl.utils.checkpoint.save_errors import save_error
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import adapter_for, fsdp_version
 
@@ -97,18 +100,26 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     def save_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
     ) -> None:
-        """Write the checkpoint to ``local_path`` atomically. Collective: every rank calls it."""
+        """Write the checkpoint to ``local_path`` atomically. Collective: every rank calls it.
+
+        Raises:
+            CheckpointSaveError: any failure (a full disk named as such), with the path and the free space.
+        """
         if local_path is None:
             return
         if hdfs_path is not None:
             raise ValueError("checkpoint upload to HDFS is not supported; set trainer.default_hdfs_dir=null")
-        tmp = prepare_tmp_dir(local_path, self.rank)
-        self._save_states(tmp)
-        if self.rank == 0:
-            self._save_hf_config(tmp)
-        if self.should_save_hf_model:
-            self._save_hf_weights(tmp)
-        atomic_commit(tmp, local_path, self.rank)
+        try:
+            tmp = prepare_tmp_dir(local_path, self.rank)
+            self._save_states(tmp)
+            if self.rank == 0:
+                self._save_hf_config(tmp)
+            if self.should_save_hf_model:
+                self._save_hf_weights(tmp)
+            atomic_commit(tmp, local_path, self.rank)
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException; save_error passes Ctrl-C on
+            intact = f"{local_path} was not replaced: only {local_path}.tmp was written."
+            raise save_error(exc, local_path, intact) from exc
         self.previous_global_step = global_step
         self._record_saved_path(os.path.abspath(local_path).rstrip("/"), max_ckpt_to_keep)
 
@@ -157,12 +168,16 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     def load_checkpoint(self, local_path: str | None, hdfs_path: str | None = None, del_local_after_load: bool = False):
         """Load what ``checkpoint.load_contents`` lists from ``local_path`` (None: nothing). Collective.
 
-        A DCP checkpoint loads at any world size; one in the per-rank layout only at its own world size.
+        A DCP checkpoint loads at any world size; one in the per-rank layout only at its own world size. A file
+        missing or shorter than the checkpoint's manifest says is a :class:`CheckpointError` naming it.
         """
         if local_path is None:
             return
         if not os.path.isdir(local_path):
             raise FileNotFoundError(f"checkpoint directory {local_path} does not exist")
+        problem = check_manifest(local_path)
+        if problem not in (None, NO_MANIFEST):  # no manifest: written by upstream or an older version
+            raise CheckpointError(f"checkpoint {local_path} {problem}; it cannot be loaded safely")
         saved_world = self._saved_world_size(local_path)
         if self.should_load_model:
             self._load_model(local_path, saved_world)

@@ -113,7 +113,17 @@ class RewardConfig(BaseConfig):
     """Everything that produces rewards."""
 
     num_workers: int = 8
-    """Reward workers computing scores in parallel."""
+    """Worker processes scoring the samples of a batch in parallel. Each call runs in a worker process, so a hung
+    call is killed with its process; scores come back in batch order, equal to serial scoring."""
+
+    compute_score_timeout: Optional[float] = 300.0
+    """Seconds one reward-function call may take. A call over it is killed with its worker process, reported at
+    once (sample index, data source), scores 0.0 and counts in reward/num_timed_out; null = no limit."""
+
+    batch_timeout: Optional[float] = None
+    """Seconds the whole batch may take to score; samples unfinished then score 0.0 and count in
+    reward/num_timed_out. null = no limit beyond the per-call one, whose worst case is
+    ceil(batch / num_workers) x compute_score_timeout."""
 
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     """User scoring function."""
@@ -129,3 +139,5 @@ class RewardConfig(BaseConfig):
 
     def __post_init__(self) -> None:
         require_positive("num_workers", self.num_workers)
+        require_positive("compute_score_timeout", self.compute_score_timeout, allow_none=True)
+        require_positive("batch_timeout", self.batch_timeout, allow_none=True)

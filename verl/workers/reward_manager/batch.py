@@ -11,7 +11,8 @@ from verl.workers.reward_manager.abstract import AbstractRewardManager, RawRewar
 from verl.workers.reward_manager.naive import ExaminePrinter, finish, rm_scores_output
 from verl.workers.reward_manager.registry import register
 from verl.workers.reward_manager.samples import RewardSample, extract_samples
-from verl.workers.reward_manager.scoring import ScoreResult, call_with_timeout, to_score, warn_failures
+from verl.workers.reward_manager.scorer import SampleScorer, ScoringLimits
+from verl.workers.reward_manager.scoring import ScoreResult, to_score, warn_failures
 
 
 def _batch_results(raw: Any, n: int) -> list[ScoreResult]:
@@ -33,8 +34,9 @@ def _batch_results(raw: Any, n: int) -> list[ScoreResult]:
 class BatchRewardManager(AbstractRewardManager):
     """Calls ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=, **reward_kwargs)`` once.
 
-    If that call raises or exceeds ``compute_score_timeout`` seconds, every sample of the batch scores 0.0 and is
-    counted in ``reward/num_failed``; the run goes on.
+    If that call raises or exceeds ``compute_score_timeout`` (or ``batch_timeout``) seconds, every sample of the
+    batch scores 0.0 and is counted in ``reward/num_failed``; the run goes on. With a limit set the call runs in a
+    worker process, killed when the limit is reached; ``num_workers`` does not apply (there is one call).
     """
 
     def __init__(
@@ -44,6 +46,8 @@ class BatchRewardManager(AbstractRewardManager):
         compute_score: RawRewardFn,
         reward_fn_key: str = "data_source",
         compute_score_timeout: float | None = None,
+        num_workers: int | None = None,
+        batch_timeout: float | None = None,
         **reward_kwargs: Any,
     ):
         if compute_score is None:
@@ -58,6 +62,13 @@ class BatchRewardManager(AbstractRewardManager):
         self.compute_score_timeout = compute_score_timeout
         self.reward_kwargs = reward_kwargs
         self.num_failed_total = 0
+        self.scorer = SampleScorer(
+            compute_score, ScoringLimits(None, compute_score_timeout, batch_timeout), type(self).__name__
+        )
+
+    def close(self) -> None:
+        """Stop the scoring worker process (it also stops with the manager or the process)."""
+        self.scorer.close()
 
     def _score(self, samples: list[RewardSample]) -> list[ScoreResult]:
         kwargs = {
@@ -67,13 +78,10 @@ class BatchRewardManager(AbstractRewardManager):
             "extra_infos": [s.extra_info for s in samples],
             **self.reward_kwargs,
         }
-        try:
-            raw = call_with_timeout(self.compute_score, kwargs, self.compute_score_timeout)
-        except TimeoutError as exc:
-            return [ScoreResult(error=f"TimeoutError: {exc}", timed_out=True) for _ in samples]
-        except Exception as exc:  # noqa: BLE001 - the batch scores 0 and is reported
-            return [ScoreResult(error=f"{type(exc).__name__}: {exc}") for _ in samples]
-        return _batch_results(raw, len(samples))
+        (outcome,) = self.scorer.run([kwargs], [f"batch of {len(samples)} samples"])
+        if outcome.error is not None:
+            return [ScoreResult(error=outcome.error, timed_out=outcome.timed_out) for _ in samples]
+        return _batch_results(outcome.value, len(samples))
 
     def __call__(self, data: Any, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
         if "rm_scores" in data.batch.keys():

@@ -13,7 +13,8 @@ from verl.workers.reward_manager.abstract import AbstractRewardManager, RawRewar
 from verl.workers.reward_manager.naive import ExaminePrinter, compute_score_kwargs, finish, rm_scores_output
 from verl.workers.reward_manager.registry import register
 from verl.workers.reward_manager.samples import extract_samples
-from verl.workers.reward_manager.scoring import score_one, warn_failures
+from verl.workers.reward_manager.scorer import SampleScorer, ScoringLimits
+from verl.workers.reward_manager.scoring import warn_failures
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ def overlong_penalty(valid_response_length: int, max_resp_len: int, buffer: Over
 
 @register("dapo")
 class DAPORewardManager(AbstractRewardManager):
-    """Naive scoring plus the overlong penalty; per-sample failures behave as in ``NaiveRewardManager``."""
+    """Naive scoring plus the overlong penalty; scoring, limits and per-sample failures as in
+    ``NaiveRewardManager``."""
 
     def __init__(
         self,
@@ -57,6 +59,8 @@ class DAPORewardManager(AbstractRewardManager):
         max_resp_len: int | None = None,
         overlong_buffer_cfg: Any = None,
         compute_score_timeout: float | None = None,
+        num_workers: int | None = None,
+        batch_timeout: float | None = None,
         **kwargs: Any,
     ):
         self.tokenizer = tokenizer
@@ -79,16 +83,23 @@ class DAPORewardManager(AbstractRewardManager):
                     f"DAPORewardManager: overlong_buffer_cfg.len={buffer.len} must be in "
                     f"(0, max_resp_len={max_resp_len}]."
                 )
+        self.scorer = SampleScorer(
+            self.compute_score, ScoringLimits(num_workers, compute_score_timeout, batch_timeout), type(self).__name__
+        )
+
+    def close(self) -> None:
+        """Stop the scoring worker processes (they also stop with the manager or the process)."""
+        self.scorer.close()
 
     def __call__(self, data: Any, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
         if "rm_scores" in data.batch.keys():
             return rm_scores_output(data, return_dict)
         samples = extract_samples(data, self.tokenizer, self.reward_fn_key)
+        results = self.scorer.score([compute_score_kwargs(s) for s in samples], [s.data_source for s in samples])
         printer = ExaminePrinter(self.num_examine)
         buffer = self.overlong_buffer_cfg
-        results, rewards = [], []
-        for sample in samples:
-            result = score_one(self.compute_score, compute_score_kwargs(sample), self.compute_score_timeout)
+        rewards = []
+        for sample, result in zip(samples, results, strict=True):
             reward = result.score
             if buffer is not None and buffer.enable:
                 penalty = overlong_penalty(sample.valid_response_length, self.max_resp_len, buffer)
@@ -96,7 +107,6 @@ class DAPORewardManager(AbstractRewardManager):
                 if buffer.log:
                     result.extra.update(overlong_reward=penalty, overlong=penalty < 0)
             printer.maybe_print(sample, result)
-            results.append(result)
             rewards.append(reward)
         warn_failures(samples, results, type(self).__name__)
         self.num_failed_total += sum(r.failed for r in results)

@@ -12,13 +12,8 @@ from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RawRewardFn
 from verl.workers.reward_manager.registry import register
 from verl.workers.reward_manager.samples import RewardSample, extract_samples, place_scores
-from verl.workers.reward_manager.scoring import (
-    ScoreResult,
-    collect_extra_info,
-    failure_metrics,
-    score_one,
-    warn_failures,
-)
+from verl.workers.reward_manager.scorer import SampleScorer, ScoringLimits
+from verl.workers.reward_manager.scoring import ScoreResult, collect_extra_info, failure_metrics, warn_failures
 
 
 def rm_scores_output(data: Any, return_dict: bool) -> torch.Tensor | dict[str, Any]:
@@ -84,10 +79,16 @@ class NaiveRewardManager(AbstractRewardManager):
         compute_score: ``fn(data_source, solution_str, ground_truth, extra_info) -> float | dict``;
             None = :func:`verl.utils.reward_score.default_compute_score`.
         reward_fn_key: non-tensor column with the data source (``data.reward_fn_key``).
-        compute_score_timeout: seconds per sample before it scores 0.0 (None = no limit).
+        compute_score_timeout: seconds per call before the sample scores 0.0 (``reward.compute_score_timeout``;
+            None = no limit).
+        num_workers: worker processes scoring in parallel (``reward.num_workers``).
+        batch_timeout: seconds for the whole batch (``reward.batch_timeout``; None = no limit).
 
-    A sample whose function raises, returns an unusable value or times out scores 0.0; a warning shows the sample
-    and ``reward_metrics["reward/num_failed"]`` (plus ``reward_extra_info["reward_failed"]``) counts it.
+    With ``num_workers``, ``compute_score_timeout`` and ``batch_timeout`` all None (the default when built
+    directly), the samples are scored one by one in this process; otherwise in worker processes
+    (:mod:`verl.workers.reward_manager.scorer`), with the same scores. A sample whose function raises, returns an
+    unusable value or times out scores 0.0; a warning shows the sample and ``reward_metrics["reward/num_failed"]``
+    (plus ``reward_extra_info["reward_failed"]``) counts it.
     """
 
     def __init__(
@@ -97,28 +98,33 @@ class NaiveRewardManager(AbstractRewardManager):
         compute_score: RawRewardFn | None = None,
         reward_fn_key: str = "data_source",
         compute_score_timeout: float | None = None,
+        num_workers: int | None = None,
+        batch_timeout: float | None = None,
         **kwargs: Any,
     ):
-        if compute_score_timeout is not None and compute_score_timeout <= 0:
-            raise ValueError(f"compute_score_timeout must be > 0 seconds or None, got {compute_score_timeout}")
         self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
         self.compute_score_timeout = compute_score_timeout
+        self.scorer = SampleScorer(
+            self.compute_score, ScoringLimits(num_workers, compute_score_timeout, batch_timeout), type(self).__name__
+        )
         self.num_failed_total = 0
         """Failed samples over the manager's lifetime (all calls)."""
+
+    def close(self) -> None:
+        """Stop the scoring worker processes (they also stop with the manager or the process)."""
+        self.scorer.close()
 
     def __call__(self, data: Any, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
         if "rm_scores" in data.batch.keys():
             return rm_scores_output(data, return_dict)
         samples = extract_samples(data, self.tokenizer, self.reward_fn_key)
+        results = self.scorer.score([compute_score_kwargs(s) for s in samples], [s.data_source for s in samples])
         printer = ExaminePrinter(self.num_examine)
-        results = []
-        for sample in samples:
-            result = score_one(self.compute_score, compute_score_kwargs(sample), self.compute_score_timeout)
+        for sample, result in zip(samples, results, strict=True):
             printer.maybe_print(sample, result)
-            results.append(result)
         warn_failures(samples, results, type(self).__name__)
         self.num_failed_total += sum(r.failed for r in results)
         return finish(data, samples, results, [r.score for r in results], return_dict)

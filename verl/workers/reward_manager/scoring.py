@@ -1,10 +1,8 @@
-"""Call a user reward function safely: per-call timeout, exceptions and bad return values become a 0.0 score with
-a warning that shows the sample, and failures are counted so the trainer can log them.
+"""The reward-function contract: return values become a float score plus extra info, exceptions and unusable
+values become a 0.0 score with a warning that shows the sample, and failures are counted for the trainer's metrics.
 
-Why threads: a hung reward function must not stall training, and ``compute_score`` is often a closure or a function
-loaded from a file, which a process pool cannot always pickle. A daemon thread is abandoned on timeout (Python cannot
-kill threads); it does not block interpreter exit. Limitation: a C extension that holds the GIL while it hangs
-(e.g. a catastrophic ``re`` backtrack) cannot be interrupted this way.
+Where and with which time limits the function runs is :mod:`verl.workers.reward_manager.scorer`'s business (worker
+processes, so a hung call is killed with its process); this module has the in-process call it falls back to.
 """
 
 from __future__ import annotations
@@ -52,38 +50,29 @@ def _await(result: Any) -> Any:
     return asyncio.run(_wait())
 
 
-def _run_in_thread(thunk: Callable[[], Any], timeout_s: float | None) -> Any:
-    """``thunk()`` in a daemon thread; its exception is re-raised here, TimeoutError after ``timeout_s`` seconds."""
+def call_in_process(fn: Callable[..., Any], kwargs: dict) -> Any:
+    """``fn(**kwargs)`` in this process, awaited if it returns a coroutine.
+
+    A coroutine gets a thread and an event loop of its own (the caller may already be inside a running loop, e.g.
+    an async Ray actor); the thread is joined before this returns.
+    """
+    result = fn(**kwargs)
+    if not inspect.isawaitable(result):
+        return result
     outcome: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            outcome["value"] = thunk()
+            outcome["value"] = _await(result)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
             outcome["error"] = exc
 
-    worker = threading.Thread(target=target, name="verl-reward-fn", daemon=True)
+    worker = threading.Thread(target=target, name="verl-reward-fn")
     worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        raise TimeoutError(f"reward function did not return within {timeout_s} s")
+    worker.join()
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-
-
-def call_with_timeout(fn: Callable[..., Any], kwargs: dict, timeout_s: float | None) -> Any:
-    """``fn(**kwargs)`` (awaited if async); raises TimeoutError after ``timeout_s`` seconds (None = no limit).
-
-    Without a timeout a sync function runs in the calling thread; a coroutine always gets a thread and an event
-    loop of its own (the caller may already be inside a running loop, e.g. an async Ray actor).
-    """
-    if timeout_s is not None:
-        return _run_in_thread(lambda: _await(fn(**kwargs)), timeout_s)
-    result = fn(**kwargs)
-    if not inspect.isawaitable(result):
-        return result
-    return _run_in_thread(lambda: _await(result), None)
 
 
 def to_score(result: Any) -> tuple[float, dict]:
@@ -109,17 +98,6 @@ def to_score(result: Any) -> tuple[float, dict]:
     if not math.isfinite(value):
         raise ValueError(f"returned a non-finite score {value}")
     return value, extra
-
-
-def score_one(fn: Callable[..., Any], kwargs: dict, timeout_s: float | None) -> ScoreResult:
-    """Score one call: never raises for user errors; failures become ``ScoreResult(error=...)`` with score 0.0."""
-    try:
-        score, extra = to_score(call_with_timeout(fn, kwargs, timeout_s))
-    except TimeoutError as exc:
-        return ScoreResult(error=f"TimeoutError: {exc}", timed_out=True)
-    except Exception as exc:  # noqa: BLE001 - any user exception scores 0 and is reported
-        return ScoreResult(error=f"{type(exc).__name__}: {exc}")
-    return ScoreResult(score=score, extra=extra)
 
 
 def shorten(text: str, limit: int = _SHOW_CHARS) -> str:
