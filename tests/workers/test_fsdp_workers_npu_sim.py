@@ -165,6 +165,7 @@ def _audit(worker):
 def _missing_reload_fails_the_save(worker, ckpt: str) -> None:
     """Parameters never reloaded before the save: FSDP2 would write a consistent host-side shard on one rank and
     fail only at the HF export's collective on several; the audit (expect npu:0) fails it on one."""
+    from verl.utils.checkpoint.save_errors import CheckpointSaveError
     from verl.utils.platform.npu_sim.placement_audit import DeviceDisciplineError
 
     placement = worker._actor_placement
@@ -172,15 +173,17 @@ def _missing_reload_fails_the_save(worker, ckpt: str) -> None:
     try:
         # FSDP1 checks its flat parameters' device itself when its state_dict hook unshards them (as on hardware),
         # before the audit's hook runs; FSDP2 does not, and the audit reports the host-side parameters
-        with _audit(worker), pytest.raises((DeviceDisciplineError, AssertionError), match=_NOT_ON_DEVICE):
+        with _audit(worker), pytest.raises(CheckpointSaveError, match=_NOT_ON_DEVICE) as failed:
             worker.save_checkpoint(ckpt, None, 2, None)
     finally:
         placement.param_offload = True
+    assert isinstance(failed.value.__cause__, (DeviceDisciplineError, AssertionError)), failed.value.__cause__
     assert not os.path.exists(ckpt)  # nothing half-written is committed
 
 
 def _partial_reload_fails_the_save(worker, ckpt: str) -> None:
     """One FSDP unit left on the host while the rest is on the npu when the checkpoint reads the model."""
+    from verl.utils.checkpoint.save_errors import CheckpointSaveError
     from verl.utils.platform.npu_sim.placement_audit import DeviceDisciplineError
 
     save = worker.checkpoint_manager.save_checkpoint
@@ -190,8 +193,9 @@ def _partial_reload_fails_the_save(worker, ckpt: str) -> None:
         return save(*args, **kwargs)
 
     worker.checkpoint_manager.save_checkpoint = save_after_a_partial_reload
-    with _audit(worker), pytest.raises((DeviceDisciplineError, AssertionError), match=_NOT_ON_DEVICE):
+    with _audit(worker), pytest.raises(CheckpointSaveError, match=_NOT_ON_DEVICE) as failed:
         worker.save_checkpoint(ckpt, None, 2, None)
+    assert isinstance(failed.value.__cause__, (DeviceDisciplineError, AssertionError)), failed.value.__cause__
     assert not os.path.exists(ckpt)
 
 
