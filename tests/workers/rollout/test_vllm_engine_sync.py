@@ -199,7 +199,7 @@ def _digest(stream) -> str:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_sync_into_the_real_engine_is_exact(kind, checkpoints, updates, capsys):
+def test_sync_into_the_real_engine_is_exact(kind, checkpoints, updates, capsys, request):
     from transformers import AutoModelForCausalLM
 
     from verl.utils.testing.vllm import build_vllm_rollout, prompt_log_probs, release_vllm_rollout
@@ -210,6 +210,7 @@ def test_sync_into_the_real_engine_is_exact(kind, checkpoints, updates, capsys):
     prompts = _prompts(hf.config.vocab_size)
     expected = _fresh_engines(kind, updates, prompts)
     engine = build_vllm_rollout(checkpoints[kind])
+    request.addfinalizer(lambda: release_vllm_rollout(engine))  # also on failure: the next engine needs the state
     base = prompt_log_probs(engine.llm, prompts)
     report = [f"[{kind}]"]
 
@@ -247,10 +248,16 @@ def test_sync_into_the_real_engine_is_exact(kind, checkpoints, updates, capsys):
         engine.load_weights(iter_vllm_weights(hf, dtype=torch.bfloat16))
         assert (prompt_log_probs(engine.llm, prompts) - base).abs().max().item() <= EXACT
         delattr(engine.vllm_model, CANONICAL_LAYOUT_ATTR)
-        engine.load_weights(iter_vllm_weights(hf, dtype=torch.bfloat16))
-        drift = (prompt_log_probs(engine.llm, prompts) - base).abs().max().item()
-        report.append(f"control, live-parameter sync (no layout): identity push drifts by {drift:.3g}")
-        assert drift > 1e-3
-    release_vllm_rollout(engine)
+        if any(p.numel() == 0 for p in engine.vllm_model.parameters()):
+            # this CPU's GEMM dispatch (oneDNN / AVX-512-BF16 / zentorch) emptied the weights it repacked: the
+            # live-parameter path cannot write them, and says so instead of vLLM's bare shape assertion
+            with pytest.raises(RuntimeError, match="replaced .* by empty placeholders"):
+                engine.load_weights(iter_vllm_weights(hf, dtype=torch.bfloat16))
+            report.append("control, live-parameter sync (no layout): refused, the engine repacked its weights")
+        else:
+            engine.load_weights(iter_vllm_weights(hf, dtype=torch.bfloat16))
+            drift = (prompt_log_probs(engine.llm, prompts) - base).abs().max().item()
+            report.append(f"control, live-parameter sync (no layout): identity push drifts by {drift:.3g}")
+            assert drift > 1e-3
     with capsys.disabled():
         print("\n" + "\n  ".join(report))

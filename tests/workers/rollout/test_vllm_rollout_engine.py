@@ -62,7 +62,7 @@ def _teacher_forced(model, out) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def test_synced_dummy_engine_samples_like_the_actor(moe_checkpoint, capsys):
+def test_synced_dummy_engine_samples_like_the_actor(moe_checkpoint, capsys, request):
     from transformers import AutoModelForCausalLM
 
     from verl.utils.testing.vllm import build_vllm_rollout, release_vllm_rollout
@@ -72,12 +72,12 @@ def test_synced_dummy_engine_samples_like_the_actor(moe_checkpoint, capsys):
     actor_bf16 = AutoModelForCausalLM.from_pretrained(moe_checkpoint, dtype=torch.bfloat16)
     cfg = actor.config
     rollout = build_vllm_rollout(moe_checkpoint, load_format="dummy", response_length=EOS_FREE_LEN)
+    request.addfinalizer(lambda: release_vllm_rollout(rollout))  # also on failure, before the next engine is built
     prompts = _prompts(cfg.vocab_size, cfg.eos_token_id, cfg.pad_token_id)
 
     dummy = rollout.generate_sequences(prompts)  # control: the engine before any sync holds random weights
     with FSDPVLLMShardingManager(actor, rollout) as manager:
         out = rollout.generate_sequences(prompts)
-    release_vllm_rollout(rollout)
 
     assert manager.last_report.reload is not None and manager.last_report.reload.processed
     assert len(out) == 8 and out.batch["responses"].shape == (8, EOS_FREE_LEN)

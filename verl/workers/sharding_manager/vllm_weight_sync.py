@@ -325,6 +325,7 @@ def load_weights_into_vllm(vllm_model: Any, weights: Iterable[tuple[str, torch.T
     layout = get_canonical_layout(model)
     counting = _Counting(align_vector_dtypes(align_names_to_engine(weights, model), model))
     if layout is None:
+        _refuse_repacked(model)
         _warn_no_layout(model)
         repair = repair_moe_weight_loaders(model)
         model.load_weights(counting)
@@ -336,6 +337,20 @@ def load_weights_into_vllm(vllm_model: Any, weights: Iterable[tuple[str, torch.T
 
 
 _warned_no_layout: set[str] = set()
+
+
+def _refuse_repacked(model: nn.Module) -> None:
+    """Post-loading may replace a weight by an empty placeholder and keep a repacked copy the kernel reads (vLLM's
+    CPU GEMM dispatch does on CPUs with oneDNN / AVX-512-BF16 / zentorch); loading into the live parameters then
+    fails deep inside vLLM's weight loader with a bare shape assertion. Say what happened and what works instead."""
+    emptied = [name for name, param in model.named_parameters() if param.numel() == 0]
+    if emptied:
+        raise RuntimeError(
+            f"cannot sync weights into this {type(model).__name__}: its post-load processing replaced "
+            f"{len(emptied)} parameters (e.g. {emptied[0]}) by empty placeholders and keeps repacked copies, so the "
+            "live parameters cannot be written. Build the engine through verl's vLLMRollout (load format "
+            "'verl_canonical', which records the canonical layout and re-runs the post-processing on every sync)."
+        )
 
 
 def _warn_no_layout(model: nn.Module) -> None:
