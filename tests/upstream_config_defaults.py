@@ -522,11 +522,11 @@ _ACTOR_FIELDS = {
     ("ActorConfig", "global_batch_info"): "runtime state, not a config key: the loss receives it as an argument "
     "(a config may still carry it as a runtime attribute)",
     ("FSDPActorConfig", "use_remove_padding"): YAML + " (model.use_remove_padding, true)",
-    ("FSDPActorConfig", "use_rollout_log_probs"): "rollout log-probs as old log-probs belong to rollout "
-    "correction's bypass mode, which is refused",
+    ("FSDPActorConfig", "use_rollout_log_probs"): "rollout log-probs as old log-probs are "
+    "algorithm.rollout_correction.bypass_mode here (one key for the trainer and the actor)",
     ("VeOmniActorConfig", "use_remove_padding"): YAML + " (model.use_remove_padding, true)",
-    ("VeOmniActorConfig", "use_rollout_log_probs"): "rollout log-probs as old log-probs belong to rollout "
-    "correction's bypass mode, which is refused",
+    ("VeOmniActorConfig", "use_rollout_log_probs"): "rollout log-probs as old log-probs are "
+    "algorithm.rollout_correction.bypass_mode here (one key for the trainer and the actor)",
 }
 
 _CRITIC_FIELDS = {
@@ -626,9 +626,9 @@ _ROLLOUT_REWARD_FIELDS = {
     ("RewardManagerConfig", "module"): "a typed node here (RewardManagerModuleConfig) for upstream's ModuleConfig",
     ("RewardManagerModuleConfig", "name"): YAML + " (custom_reward_manager)",
     ("RewardModelConfig", "rollout"): NO_RM_ROLLOUT,
-    ("RolloutCorrectionConfig", "rollout_is"): YAML + " (null: rollout correction off; the feature is refused)",
-    ("AlgoConfig", "rollout_correction"): "a disabled typed node (RolloutCorrectionConfig()) instead of null, so "
-    "the refusal of rollout correction reads its keys; same meaning (no correction)",
+    ("RolloutCorrectionConfig", "rollout_is"): YAML + " (null: no importance weights)",
+    ("AlgoConfig", "rollout_correction"): "a typed node with the YAML's values (no weights, no rejection) instead "
+    "of null; with rollout log-probs it still logs the rollout_corr/* diagnostics, as upstream's YAML default does",
     ("ProfilerConfig", "tool"): REQUIRED + " (null = no profiling)",
     ("ProfilerConfig", "save_path"): REQUIRED + " (null; the torch tool refuses to start without it)",
     ("ProfilerConfig", "tool_config"): REQUIRED + " (null = the tool's default options)",

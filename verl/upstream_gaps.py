@@ -42,7 +42,6 @@ HEAD_ONLY = "added by upstream after v0.7.x (v0.8+ layout); verl-ascend follows 
 SFT_RM = "SFT and reward-model training are not part of verl-ascend (RL trainer only)"
 NO_MULTI_TURN = "multi-turn / tool-calling rollouts (agent loops) are not implemented"
 NO_QUANT = "quantization-aware training and FP8 / ModelOpt rollouts are not implemented"
-NO_ROLLOUT_CORRECTION = "rollout correction (algorithm.rollout_correction) is not implemented and is refused"
 FLASH_UNPAD = (
     "flash-attn style unpad helpers are not used: the one packed format is built by verl.utils.packing "
     "(pack_inputs / unpack) and verl.utils.torch_padding"
@@ -95,7 +94,6 @@ MISSING_MODULES: dict[str, str] = {
     "verl.workers.config.disaggregation": HEAD_ONLY,
     # verl.trainer.ppo
     "verl.trainer.ppo.v1": V1_TRAINER,
-    "verl.trainer.ppo.rollout_corr_helper": NO_ROLLOUT_CORRECTION,
     "verl.trainer.ppo.prefix_grouper_utils": "PrefixGrouper (actor.use_prefix_grouper) is not implemented; the "
     "key is inert (same maths)",
 }

@@ -44,12 +44,6 @@ def _set(value: Any) -> bool:
     return value is not None
 
 
-_ROLLOUT_CORRECTION = (
-    "algorithm.rollout_correction (rollout/training mismatch correction) is not wired into the trainer of this "
-    "distribution; set it back to null/false. For rollout/training consistency use the same dtype and kernels in "
-    "both, and check the metric training/rollout_probs_diff"
-)
-
 UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
     Setting(
         "actor_rollout_ref.actor.calculate_sum_pi_squared",
@@ -72,14 +66,6 @@ UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
         "actor_rollout_ref.rollout.enable_rollout_routing_replay",
         _true,
         "MoE routing replay is not implemented: the rollout does not record its routing; set it to false",
-    ),
-    Setting("algorithm.rollout_correction.rollout_is", _set, _ROLLOUT_CORRECTION),
-    Setting("algorithm.rollout_correction.rollout_rs", _set, _ROLLOUT_CORRECTION),
-    Setting("algorithm.rollout_correction.bypass_mode", _true, _ROLLOUT_CORRECTION),
-    Setting(
-        "actor_rollout_ref.actor.policy_loss.loss_mode",
-        lambda v: v == "bypass_mode",
-        "bypass_mode needs algorithm.rollout_correction, which is not wired into the trainer here; use vanilla",
     ),
     Setting(
         "actor_rollout_ref.model.lora_rank",

@@ -34,6 +34,7 @@ from verl.single_controller.base.decorator import Dispatch, make_nd_compute_data
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_id, get_device_name, get_platform
 from verl.utils.py_functional import append_to_dict
+from verl.workers.core.losses import bind_rollout_correction
 from verl.workers.core.micro_batching import iter_mini_batches
 from verl.workers.core.parallel_layout import dp_sp_coordinates
 from verl.workers.engine import EngineRegistry
@@ -347,6 +348,7 @@ class ActorRolloutRefWorker(Worker):
         """
         actor = self._require(self.actor if self._is_actor else None, "update_actor", "actor")
         cfg = self.config.actor
+        bind_rollout_correction(cfg, data.meta_info)
         if "temperature" not in data.meta_info:
             raise ValueError("update_actor: data.meta_info['temperature'] is missing (the trainer sets it)")
         keys = [*_ACTOR_UPDATE_KEYS, *(["ref_log_prob"] if cfg.use_kl_loss else [])]
