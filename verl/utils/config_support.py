@@ -59,8 +59,9 @@ UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
     ),
     Setting(
         "actor_rollout_ref.actor.router_replay.mode",
-        lambda v: v != "disabled",
-        "MoE routing replay is not implemented: training would route tokens on its own; set it to disabled",
+        lambda v: v == "R3",
+        "R3 (replay of the rollout engine's routing) is not implemented: the rollout does not return routed "
+        "experts here; use R2 (record in the old-log-prob forward, replay in the update) or disabled",
     ),
     Setting(
         "actor_rollout_ref.rollout.enable_rollout_routing_replay",

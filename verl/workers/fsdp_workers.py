@@ -301,6 +301,8 @@ class ActorRolloutRefWorker(Worker):
         with self._actor_placement.on_device():
             out = self.actor.compute_log_prob(data, calculate_entropy=True)
         tensors = {"old_log_probs": out["log_probs"], "entropys": out["entropys"]}
+        if "routed_experts" in out:  # router replay R2: the routing of this forward, replayed in the update
+            tensors["routed_experts"] = out["routed_experts"]
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": self.rollout_config.temperature}).to(
             "cpu"
         )

@@ -183,6 +183,27 @@ class PPOTrainerConfig(BaseConfig):
         link_keys(self, "actor_rollout_ref.rollout.n", "critic.rollout_n")
         link_keys(self, "actor_rollout_ref.rollout.multi_turn.tool_config_path", "data.tool_config_path")
         self._check_rollout_correction()
+        self._check_router_replay()
+
+    def _check_router_replay(self) -> None:
+        """R2 records the routing in the old-log-prob forward: bypass mode has none; under Ulysses SP each rank
+        routes only its slice of the stream, which the replay does not split."""
+        actor = self.actor_rollout_ref.actor
+        mode = actor.router_replay.mode
+        if mode == "disabled":
+            return
+        if mode == "R2" and self.algorithm.rollout_correction.bypass_mode:
+            raise ConfigError(
+                "actor_rollout_ref.actor.router_replay.mode",
+                "(R2) records the routing in the old-log-prob forward, which algorithm.rollout_correction.bypass_mode="
+                "True skips; disable one of them.",
+            )
+        if actor.ulysses_sp_size > 1:
+            raise ConfigError(
+                "actor_rollout_ref.actor.router_replay.mode",
+                f"({mode}) is not supported with Ulysses sequence parallelism (ulysses_sequence_parallel_size="
+                f"{actor.ulysses_sp_size}); use ulysses_sequence_parallel_size=1.",
+            )
 
     def _check_rollout_correction(self) -> None:
         """Rollout correction compares against the rollout's own log-probs, so the rollout must return them; bypass
