@@ -103,3 +103,48 @@ def test_bind_refuses_a_non_bypass_loss():
     with pytest.raises(ValueError, match="loss_mode='vanilla'"):
         bind_rollout_correction(actor, {ROLLOUT_CORRECTION_META_KEY: dict(CORRECTION)})
     bind_rollout_correction(actor, {})  # no settings sent: nothing to do
+
+
+# ------------------------------------------------------------------------------------------------ router replay R2
+@pytest.fixture
+def qwen3_5_moe_dir(tmp_path):
+    from verl.models.tiny import build_tiny_model
+
+    path = tmp_path / "tiny_qwen3_5_moe"
+    build_tiny_model("qwen3_5_moe", vocab_size=128).save_pretrained(path)
+    build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300).save_pretrained(path)
+    return str(path)
+
+
+def test_router_replay_r2_same_on_both_worker_paths(qwen3_5_moe_dir, make_batch, tmp_path):
+    """Invariant: with router_replay.mode=R2 on the tiny Qwen3.5-MoE, the legacy actor and the engine worker record
+    the same routed_experts in compute_log_prob and give the same update (pg loss, grad norm) replaying it."""
+    from verl.workers.config import RouterReplayConfig
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    batch = make_batch(batch_size=8)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        config = _config(qwen3_5_moe_dir)
+        actor = dataclasses.replace(
+            config.actor, policy_loss=PolicyLossConfig(), router_replay=RouterReplayConfig(mode="R2")
+        )
+        config = dataclasses.replace(config, actor=actor)
+        engine = ActorRolloutRefWorker(config, role="actor")
+        engine.init_model()
+        legacy = _legacy_actor(qwen3_5_moe_dir, config)
+        engine_out = engine.compute_log_prob(batch.select(deepcopy=True)).batch
+        legacy_batch = batch.select(deepcopy=True)
+        legacy_batch.meta_info.update(temperature=0.7, micro_batch_size=3, use_dynamic_bsz=False)
+        legacy_out = legacy.compute_log_prob(legacy_batch, calculate_entropy=True)
+        batch.batch["routed_experts"] = engine_out["routed_experts"]
+        engine_metrics = engine.update_actor(batch.select(deepcopy=True)).meta_info["metrics"]
+        legacy_batch.batch["routed_experts"] = legacy_out["routed_experts"]
+        legacy_metrics = legacy.update_policy(legacy_batch)
+    finally:
+        dist.destroy_process_group()
+    real = batch.batch["attention_mask"].bool()
+    assert torch.equal(engine_out["routed_experts"][real], legacy_out["routed_experts"][real])
+    torch.testing.assert_close(engine_out["old_log_probs"], legacy_out["log_probs"], rtol=0, atol=1e-6)
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        assert engine_metrics[key] == pytest.approx(legacy_metrics[key], abs=1e-6, rel=0), key
