@@ -361,6 +361,7 @@ MANIFEST = {
     "verl.workers.config": [
         "PolicyLossConfig",
         "RouterReplayConfig",
+        "EngineRouterReplayConfig",
         "ActorConfig",
         "FSDPActorConfig",
         "McoreActorConfig",

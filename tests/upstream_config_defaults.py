@@ -561,7 +561,6 @@ _ENGINE_FIELDS = {
     ("EngineConfig", "infer_micro_batch_size_per_gpu"): PER_CALL,
     ("EngineConfig", "use_fused_kernels"): PER_CALL,
     ("EngineConfig", "use_remove_padding"): PER_CALL,
-    ("EngineConfig", "router_replay"): NO_ROUTER_REPLAY,
     ("FSDPEngineConfig", "wrap_policy"): YAML + " ({min_num_params: 0})",
     ("FSDPEngineConfig", "strategy"): "null = follow the role's strategy, the one key that selects FSDP1/FSDP2 "
     "(field-report item 9); filled in when the role is built",

@@ -170,7 +170,6 @@ MISSING_NAMES: dict[str, dict[str, str]] = {
         "AutomodelOptimizerConfig": "the NeMo Automodel engine is not part of verl-ascend; " + _FSDP,
         "VeOmniOptimizerConfig": "the VeOmni family here takes FSDP's optimizer keys (optim/fsdp.yaml, "
         "FSDPOptimizerConfig)",
-        "EngineRouterReplayConfig": "MoE routing replay is not implemented (actor.router_replay is refused)",
         "QATEngineConfig": NO_QUANT,
         "TraceConfig": "rollout tracing is not implemented",
         "ServerConfig": "the SGLang server rollout is not supported",

@@ -60,13 +60,16 @@ UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
     Setting(
         "actor_rollout_ref.actor.router_replay.mode",
         lambda v: v == "R3",
-        "R3 (replay of the rollout engine's routing) is not implemented: the rollout does not return routed "
-        "experts here; use R2 (record in the old-log-prob forward, replay in the update) or disabled",
+        "R3 (replay of the rollout engine's routing) is not implemented: no rollout here returns routed experts "
+        "(the HF rollout does not record them, and vLLM's enable_return_routed_experts needs its Model Runner V2, "
+        "which needs Triton, absent from the CPU build); use R2 (record in the old-log-prob forward, replay in the "
+        "update) or disabled",
     ),
     Setting(
         "actor_rollout_ref.rollout.enable_rollout_routing_replay",
         _true,
-        "MoE routing replay is not implemented: the rollout does not record its routing; set it to false",
+        "R3 is not implemented: the rollout does not return its routing (see router_replay.mode); set it to false "
+        "(R2 needs no rollout routing)",
     ),
     Setting(
         "actor_rollout_ref.model.lora_rank",

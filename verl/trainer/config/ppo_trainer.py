@@ -128,6 +128,8 @@ class ActorRolloutRefConfig(BaseConfig):
         link_keys(self, "rollout.n", "ref.rollout_n")
         link_keys(self, "model.use_remove_padding", "actor.use_remove_padding")
         link_keys(self, "model.use_fused_kernels", "actor.use_fused_kernels")
+        engine = "veomni" if isinstance(self.actor, VeOmniActorConfig) else "fsdp_config"
+        link_keys(self, "actor.router_replay.mode", f"actor.{engine}.router_replay.mode")
         if isinstance(self.actor, VeOmniActorConfig) != isinstance(self.ref, VeOmniRefConfig):
             raise ConfigError(
                 "ref",
