@@ -163,6 +163,10 @@ def test_r2_update_routes_like_the_old_log_prob_forward(moe, make_batch):
     assert len(updates) == 3
     for update in updates:
         assert torch.equal(update, old)
+    # replay ends with the update: the module's next forward (the rollout's, in the hybrid engine) routes natively
+    # on tokens of any shape (regression: the gates kept forcing the update's routing and refused the shape)
+    other = make_batch(batch_size=3, seed=1).batch
+    _log_probs(moe, other)
 
 
 def test_without_replay_the_update_routing_drifts(moe, make_batch):

@@ -126,9 +126,13 @@ class DataParallelPPOActor(BasePPOActor):
         self.actor_module.eval()
         outputs: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
-            for micro_batch in micro_batches:
-                for key, value in self._forward(micro_batch, temperature, calculate_entropy, recording=True).items():
-                    outputs.setdefault(key, []).append(value)
+            try:
+                for micro_batch in micro_batches:
+                    forward = self._forward(micro_batch, temperature, calculate_entropy, recording=True)
+                    for key, value in forward.items():
+                        outputs.setdefault(key, []).append(value)
+            finally:
+                self._stop_routing()
         return {key: restore_order(torch.cat(values), indices) for key, values in outputs.items()}
 
     def _update_keys(self) -> list[str]:
@@ -154,13 +158,22 @@ class DataParallelPPOActor(BasePPOActor):
         calculate_entropy = self.config.calculate_entropy or self.config.entropy_coeff != 0
         metrics: dict[str, list[float]] = {}
         self.actor_module.train()
-        for _, mini_batch in iter_mini_batches(
-            data, self.config.ppo_mini_batch_size, self.config.ppo_epochs, self.config.shuffle,
-            self.config.data_loader_seed,
-        ):  # fmt: skip
-            append_to_dict(metrics, self._update_mini_batch(mini_batch, temperature, calculate_entropy))
+        try:
+            for _, mini_batch in iter_mini_batches(
+                data, self.config.ppo_mini_batch_size, self.config.ppo_epochs, self.config.shuffle,
+                self.config.data_loader_seed,
+            ):  # fmt: skip
+                append_to_dict(metrics, self._update_mini_batch(mini_batch, temperature, calculate_entropy))
+        finally:
+            self._stop_routing()
         self.actor_optimizer.zero_grad(set_to_none=True)
         return metrics
+
+    def _stop_routing(self) -> None:
+        """Replay stays on through each backward (checkpoint recomputes); off afterwards, so the next forward of
+        this module (the rollout's generation in the hybrid engine) routes natively."""
+        if self.router is not None:
+            self.router.stop()
 
     def _update_mini_batch(self, mini_batch: DataProto, temperature: float, calculate_entropy: bool) -> dict:
         info = global_batch_info(mini_batch.batch["response_mask"], self.dp_group)

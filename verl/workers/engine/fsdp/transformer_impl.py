@@ -349,6 +349,17 @@ class FSDPEngineWithLMHead(FSDPEngine):
             routing=self._routing(micro_batch, meta.get(ROUTER_REPLAY_META_KEY)),
         )
 
+    def forward_backward_batch(
+        self, data: DataProto, loss_function: LossFunction | None = None, forward_only: bool = False
+    ) -> dict[str, Any]:
+        """The base pass; router replay (kept on through each backward) is switched off afterwards, so the next
+        forward of this module (the rollout's generation in the hybrid engine) routes natively."""
+        try:
+            return super().forward_backward_batch(data, loss_function, forward_only)
+        finally:
+            if getattr(self, "_router", None) is not None:
+                self._router.stop()
+
     def _routing(self, micro_batch: DataProto, mode: str | None) -> RoutingStep | None:
         """``meta["router_replay"]``: ``record`` (R2 old-log-prob pass) or ``replay`` the batch's routed_experts."""
         if mode is None:
