@@ -37,7 +37,9 @@ PER_CALL = (
     "in the batch plan (verl.workers.engine.worker_utils.BatchPlan), not on the engine config"
 )
 LORA = "LoRA is not implemented (model.lora_rank > 0 is refused)"
-NO_ROUTER_REPLAY = "MoE routing replay is not implemented (router_replay.mode is refused)"
+NO_ROUTER_REPLAY = (
+    "routing is replayed from the batch (routed_experts, recorded by the old-log-prob forward), never from files"
+)
 NO_QUANT = "quantization-aware training is not implemented"
 NO_RM_ROLLOUT = "a generative / served reward model is not supported (reward.reward_model.enable is refused)"
 NO_SERVER = "server-mode rollout features (SGLang server, Prometheus, tracing, skip) are not implemented"

@@ -204,3 +204,25 @@ def test_trainer_config_refuses_what_r2_cannot_do():
         build({}, RolloutCorrectionConfig.bypass_ppo_clip())
     with pytest.raises(ConfigError, match="Ulysses"):
         build({"ulysses_sequence_parallel_size": 2})
+
+
+def test_routing_survives_dynamic_batch_size(moe, make_batch):
+    """With use_dynamic_bsz (rows regrouped into token-budget micro-batches, then restored): the routing recorded
+    equals the one recorded with fixed micro-batches on every real token, and replaying it (as R3's old-log-prob
+    pass does) gives the native log-probs, while another row's routing does not."""
+    batch = make_batch(batch_size=8)
+    fixed, dynamic = batch.select(deepcopy=True), batch.select(deepcopy=True)
+    fixed.meta_info.update(temperature=1.0, micro_batch_size=8)
+    dynamic.meta_info.update(temperature=1.0, use_dynamic_bsz=True, max_token_len=30)
+    recorder = _actor(moe, "R2", lr=0.0)
+    by_fixed = recorder.compute_log_prob(fixed)
+    by_dynamic = recorder.compute_log_prob(dynamic)
+    real = batch.batch["attention_mask"].bool()
+    assert torch.equal(by_fixed["routed_experts"][real], by_dynamic["routed_experts"][real])
+
+    replayer = _actor(moe, "R3", lr=0.0)
+    dynamic.batch["routed_experts"] = by_dynamic["routed_experts"]
+    replayed = replayer.compute_log_prob(dynamic)["log_probs"]
+    torch.testing.assert_close(replayed, by_fixed["log_probs"], rtol=0, atol=1e-6)
+    dynamic.batch["routed_experts"] = by_dynamic["routed_experts"].roll(1, dims=0)
+    assert (replayer.compute_log_prob(dynamic)["log_probs"] - by_fixed["log_probs"]).abs().max() > 1e-3
