@@ -228,6 +228,15 @@ MANIFEST = {
         "marked_timer",
     ],
     "verl.trainer.ppo.utils": ["Role", "need_reference_policy", "need_critic", "need_reward_model"],
+    "verl.trainer.ppo.rollout_corr_helper": [
+        "compute_rollout_correction_and_rejection_mask",
+        "compute_rollout_correction_weights",
+        "compute_rollout_rejection_mask",
+        "compute_offpolicy_metrics",
+        "compute_rollout_correction_and_add_to_batch",
+        "apply_bypass_mode",
+        "SAFETY_BOUND",
+    ],
     "verl.trainer.ppo.metric_utils": [
         "compute_data_metrics",
         "compute_timing_metrics",
@@ -352,6 +361,7 @@ MANIFEST = {
     "verl.workers.config": [
         "PolicyLossConfig",
         "RouterReplayConfig",
+        "EngineRouterReplayConfig",
         "ActorConfig",
         "FSDPActorConfig",
         "McoreActorConfig",
@@ -415,6 +425,34 @@ SIGNATURES = {
         "lam",
     ],
     ("verl.trainer.ppo.core_algos", "agg_loss"): ["loss_mat", "loss_mask", "loss_agg_mode"],
+    ("verl.trainer.ppo.rollout_corr_helper", "compute_rollout_correction_and_rejection_mask"): [
+        "old_log_prob",
+        "rollout_log_prob",
+        "response_mask",
+        "rollout_is",
+        "rollout_is_threshold",
+        "rollout_is_batch_normalize",
+        "rollout_rs",
+        "rollout_rs_threshold",
+    ],
+    ("verl.trainer.ppo.rollout_corr_helper", "compute_rollout_correction_weights"): [
+        "log_ratio",
+        "response_mask",
+        "rollout_is",
+        "rollout_is_threshold",
+        "rollout_is_batch_normalize",
+    ],
+    ("verl.trainer.ppo.rollout_corr_helper", "compute_rollout_rejection_mask"): [
+        "log_ratio",
+        "response_mask",
+        "rollout_rs",
+        "rollout_rs_threshold",
+    ],
+    ("verl.trainer.ppo.rollout_corr_helper", "compute_offpolicy_metrics"): [
+        "old_log_prob",
+        "rollout_log_prob",
+        "response_mask",
+    ],
     ("verl.trainer.ppo.core_algos", "kl_penalty"): ["logprob", "ref_logprob", "kl_penalty"],
     ("verl.trainer.ppo.core_algos", "compute_value_loss"): [
         "vpreds",

@@ -37,7 +37,9 @@ PER_CALL = (
     "in the batch plan (verl.workers.engine.worker_utils.BatchPlan), not on the engine config"
 )
 LORA = "LoRA is not implemented (model.lora_rank > 0 is refused)"
-NO_ROUTER_REPLAY = "MoE routing replay is not implemented (router_replay.mode is refused)"
+NO_ROUTER_REPLAY = (
+    "routing is replayed from the batch (routed_experts, recorded by the old-log-prob forward), never from files"
+)
 NO_QUANT = "quantization-aware training is not implemented"
 NO_RM_ROLLOUT = "a generative / served reward model is not supported (reward.reward_model.enable is refused)"
 NO_SERVER = "server-mode rollout features (SGLang server, Prometheus, tracing, skip) are not implemented"
@@ -522,11 +524,11 @@ _ACTOR_FIELDS = {
     ("ActorConfig", "global_batch_info"): "runtime state, not a config key: the loss receives it as an argument "
     "(a config may still carry it as a runtime attribute)",
     ("FSDPActorConfig", "use_remove_padding"): YAML + " (model.use_remove_padding, true)",
-    ("FSDPActorConfig", "use_rollout_log_probs"): "rollout log-probs as old log-probs belong to rollout "
-    "correction's bypass mode, which is refused",
+    ("FSDPActorConfig", "use_rollout_log_probs"): "rollout log-probs as old log-probs are "
+    "algorithm.rollout_correction.bypass_mode here (one key for the trainer and the actor)",
     ("VeOmniActorConfig", "use_remove_padding"): YAML + " (model.use_remove_padding, true)",
-    ("VeOmniActorConfig", "use_rollout_log_probs"): "rollout log-probs as old log-probs belong to rollout "
-    "correction's bypass mode, which is refused",
+    ("VeOmniActorConfig", "use_rollout_log_probs"): "rollout log-probs as old log-probs are "
+    "algorithm.rollout_correction.bypass_mode here (one key for the trainer and the actor)",
 }
 
 _CRITIC_FIELDS = {
@@ -561,7 +563,6 @@ _ENGINE_FIELDS = {
     ("EngineConfig", "infer_micro_batch_size_per_gpu"): PER_CALL,
     ("EngineConfig", "use_fused_kernels"): PER_CALL,
     ("EngineConfig", "use_remove_padding"): PER_CALL,
-    ("EngineConfig", "router_replay"): NO_ROUTER_REPLAY,
     ("FSDPEngineConfig", "wrap_policy"): YAML + " ({min_num_params: 0})",
     ("FSDPEngineConfig", "strategy"): "null = follow the role's strategy, the one key that selects FSDP1/FSDP2 "
     "(field-report item 9); filled in when the role is built",
@@ -626,9 +627,9 @@ _ROLLOUT_REWARD_FIELDS = {
     ("RewardManagerConfig", "module"): "a typed node here (RewardManagerModuleConfig) for upstream's ModuleConfig",
     ("RewardManagerModuleConfig", "name"): YAML + " (custom_reward_manager)",
     ("RewardModelConfig", "rollout"): NO_RM_ROLLOUT,
-    ("RolloutCorrectionConfig", "rollout_is"): YAML + " (null: rollout correction off; the feature is refused)",
-    ("AlgoConfig", "rollout_correction"): "a disabled typed node (RolloutCorrectionConfig()) instead of null, so "
-    "the refusal of rollout correction reads its keys; same meaning (no correction)",
+    ("RolloutCorrectionConfig", "rollout_is"): YAML + " (null: no importance weights)",
+    ("AlgoConfig", "rollout_correction"): "a typed node with the YAML's values (no weights, no rejection) instead "
+    "of null; with rollout log-probs it still logs the rollout_corr/* diagnostics, as upstream's YAML default does",
     ("ProfilerConfig", "tool"): REQUIRED + " (null = no profiling)",
     ("ProfilerConfig", "save_path"): REQUIRED + " (null; the torch tool refuses to start without it)",
     ("ProfilerConfig", "tool_config"): REQUIRED + " (null = the tool's default options)",

@@ -42,7 +42,6 @@ HEAD_ONLY = "added by upstream after v0.7.x (v0.8+ layout); verl-ascend follows 
 SFT_RM = "SFT and reward-model training are not part of verl-ascend (RL trainer only)"
 NO_MULTI_TURN = "multi-turn / tool-calling rollouts (agent loops) are not implemented"
 NO_QUANT = "quantization-aware training and FP8 / ModelOpt rollouts are not implemented"
-NO_ROLLOUT_CORRECTION = "rollout correction (algorithm.rollout_correction) is not implemented and is refused"
 FLASH_UNPAD = (
     "flash-attn style unpad helpers are not used: the one packed format is built by verl.utils.packing "
     "(pack_inputs / unpack) and verl.utils.torch_padding"
@@ -95,7 +94,6 @@ MISSING_MODULES: dict[str, str] = {
     "verl.workers.config.disaggregation": HEAD_ONLY,
     # verl.trainer.ppo
     "verl.trainer.ppo.v1": V1_TRAINER,
-    "verl.trainer.ppo.rollout_corr_helper": NO_ROLLOUT_CORRECTION,
     "verl.trainer.ppo.prefix_grouper_utils": "PrefixGrouper (actor.use_prefix_grouper) is not implemented; the "
     "key is inert (same maths)",
 }
@@ -172,7 +170,6 @@ MISSING_NAMES: dict[str, dict[str, str]] = {
         "AutomodelOptimizerConfig": "the NeMo Automodel engine is not part of verl-ascend; " + _FSDP,
         "VeOmniOptimizerConfig": "the VeOmni family here takes FSDP's optimizer keys (optim/fsdp.yaml, "
         "FSDPOptimizerConfig)",
-        "EngineRouterReplayConfig": "MoE routing replay is not implemented (actor.router_replay is refused)",
         "QATEngineConfig": NO_QUANT,
         "TraceConfig": "rollout tracing is not implemented",
         "ServerConfig": "the SGLang server rollout is not supported",

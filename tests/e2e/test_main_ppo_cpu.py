@@ -362,3 +362,32 @@ def test_model_merger_exports_a_trained_checkpoint(assets, tmp_path):
     initial = AutoModelForCausalLM.from_pretrained(assets / "model")
     changed = [n for n, p in trained.state_dict().items() if not torch.equal(p, initial.state_dict()[n])]
     assert changed, "the exported weights equal the initial model: the update was not exported"
+
+
+@pytest.mark.parametrize(
+    "worker_path",
+    ["legacy", pytest.param("engine", marks=pytest.mark.slow)],
+)
+def test_router_replay_r2_and_rollout_correction_train(assets, tmp_path, worker_path):
+    """GRPO on the tiny Qwen3.5-MoE with router_replay.mode=R2 (routing recorded by the old-log-prob pass, carried
+    in the batch, replayed in the update) and decoupled rollout correction (token IS + token_k3 rejection against
+    the HF rollout's log-probs): 2 steps complete and log the rollout_corr/* metrics."""
+    overrides = [
+        "actor_rollout_ref.actor.router_replay.mode=R2",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_rs=token_k3",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.5",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+    ]
+    if worker_path == "engine":
+        overrides.append("trainer.use_legacy_worker_impl=disable")
+    _run(_command(assets, tmp_path, *overrides))
+    metrics = _metrics(tmp_path)
+    assert sorted(metrics) == [1, 2]
+    for data in metrics.values():
+        assert {"rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/kl"} <= set(
+            data
+        )

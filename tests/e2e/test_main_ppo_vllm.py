@@ -97,3 +97,20 @@ def test_vllm_rollout_on_other_actor_paths(assets, tmp_path, overrides):
     metrics = _run(assets, tmp_path, "trainer.total_training_steps=3", *overrides)
     assert sorted(metrics) == [1, 2, 3]
     _check_mismatch_metrics(metrics)
+
+
+def test_grpo_with_vllm_and_token_is_logs_rollout_correction(assets, tmp_path, capsys):
+    """GRPO with the vLLM rollout and ``algorithm.rollout_correction.rollout_is=token`` (3 steps): every step logs
+    upstream's ``rollout_corr/*`` metrics, and the IS weights are not all 1: the bf16 engine and the fp32 actor
+    disagree on token probabilities (the mismatch the correction exists for)."""
+    metrics = _run(assets, tmp_path, "trainer.total_training_steps=3", "algorithm.rollout_correction.rollout_is=token")
+    assert sorted(metrics) == [1, 2, 3]
+    for step, data in metrics.items():
+        for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_std", "rollout_corr/kl",
+                    "rollout_corr/chi2_token", "rollout_corr/rollout_is_eff_sample_size"):  # fmt: skip
+            assert key in data, f"step {step} lacks {key}"
+        assert data["rollout_corr/rollout_is_std"] > 0, f"step {step}: every IS weight is the same"
+        assert data["rollout_corr/rollout_is_max"] > data["rollout_corr/rollout_is_min"], step
+    with capsys.disabled():
+        stats = {k: metrics[1][f"rollout_corr/{k}"] for k in ("rollout_is_min", "rollout_is_max", "rollout_is_std")}
+        print(f"\n[vllm rollout_is=token] step 1 IS weights: {stats}, kl {metrics[1]['rollout_corr/kl']:.2e}")

@@ -44,12 +44,6 @@ def _set(value: Any) -> bool:
     return value is not None
 
 
-_ROLLOUT_CORRECTION = (
-    "algorithm.rollout_correction (rollout/training mismatch correction) is not wired into the trainer of this "
-    "distribution; set it back to null/false. For rollout/training consistency use the same dtype and kernels in "
-    "both, and check the metric training/rollout_probs_diff"
-)
-
 UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
     Setting(
         "actor_rollout_ref.actor.calculate_sum_pi_squared",
@@ -65,21 +59,17 @@ UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
     ),
     Setting(
         "actor_rollout_ref.actor.router_replay.mode",
-        lambda v: v != "disabled",
-        "MoE routing replay is not implemented: training would route tokens on its own; set it to disabled",
+        lambda v: v == "R3",
+        "R3 (replay of the rollout engine's routing) is not implemented: no rollout here returns routed experts "
+        "(the HF rollout does not record them, and vLLM's enable_return_routed_experts needs its Model Runner V2, "
+        "which needs Triton, absent from the CPU build); use R2 (record in the old-log-prob forward, replay in the "
+        "update) or disabled",
     ),
     Setting(
         "actor_rollout_ref.rollout.enable_rollout_routing_replay",
         _true,
-        "MoE routing replay is not implemented: the rollout does not record its routing; set it to false",
-    ),
-    Setting("algorithm.rollout_correction.rollout_is", _set, _ROLLOUT_CORRECTION),
-    Setting("algorithm.rollout_correction.rollout_rs", _set, _ROLLOUT_CORRECTION),
-    Setting("algorithm.rollout_correction.bypass_mode", _true, _ROLLOUT_CORRECTION),
-    Setting(
-        "actor_rollout_ref.actor.policy_loss.loss_mode",
-        lambda v: v == "bypass_mode",
-        "bypass_mode needs algorithm.rollout_correction, which is not wired into the trainer here; use vanilla",
+        "R3 is not implemented: the rollout does not return its routing (see router_replay.mode); set it to false "
+        "(R2 needs no rollout routing)",
     ),
     Setting(
         "actor_rollout_ref.model.lora_rank",

@@ -34,8 +34,10 @@ from verl.single_controller.base.decorator import Dispatch, make_nd_compute_data
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_id, get_device_name, get_platform
 from verl.utils.py_functional import append_to_dict
+from verl.workers.core.losses import bind_rollout_correction
 from verl.workers.core.micro_batching import iter_mini_batches
 from verl.workers.core.parallel_layout import dp_sp_coordinates
+from verl.workers.core.routing import ROUTED_EXPERTS, ROUTER_REPLAY_META_KEY, engine_routing_mode, routing_keys
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.base import LossFunction
 from verl.workers.engine.losses import ppo_loss, value_loss
@@ -303,7 +305,9 @@ class ActorRolloutRefWorker(Worker):
             output = self.rollout_sharding_manager.postprocess_data(output)
         return output.to("cpu")
 
-    def _log_prob_meta(self, data: DataProto, config: Any, key: str, calculate_entropy: bool) -> DataProto:
+    def _log_prob_meta(
+        self, data: DataProto, config: Any, key: str, calculate_entropy: bool, routing: bool = False
+    ) -> DataProto:
         sp = self.config.actor.ulysses_sp_size
         plan = forward_plan(
             key,
@@ -313,10 +317,14 @@ class ActorRolloutRefWorker(Worker):
             config.log_prob_max_token_len_per_gpu * sp,
             self.dp_size,
         )
-        data = _select(data.to(_device()), ["responses", "input_ids", "attention_mask", "position_ids"], key)
+        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
+        keys += routing_keys(self.config.actor, recording=True) if routing else []
+        data = _select(data.to(_device()), keys, key)
         data.meta_info.update(
             plan.meta_info(), temperature=self.config.rollout.temperature, calculate_entropy=calculate_entropy
         )
+        if routing:
+            data.meta_info[ROUTER_REPLAY_META_KEY] = engine_routing_mode(self.config.actor, recording=True)
         return data
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -325,8 +333,10 @@ class ActorRolloutRefWorker(Worker):
         policy, with the rollout's log-prob micro-batching and temperature."""
         actor = self._require(self.actor if self._is_actor else None, "compute_log_prob", "actor")
         key = "actor_rollout_ref.rollout.log_prob_micro_batch_size"
-        output = actor.infer(self._log_prob_meta(data, self.config.rollout, key, calculate_entropy=True))
+        output = actor.infer(self._log_prob_meta(data, self.config.rollout, key, calculate_entropy=True, routing=True))
         tensors = {"old_log_probs": output["log_probs"], "entropys": output["entropys"]}
+        if ROUTED_EXPERTS in output:  # router replay R2: the routing of this forward, replayed in the update
+            tensors[ROUTED_EXPERTS] = output[ROUTED_EXPERTS]
         meta_info = {"temperature": self.config.rollout.temperature}
         return DataProto.from_dict(tensors=tensors, meta_info=meta_info).to("cpu")
 
@@ -347,12 +357,15 @@ class ActorRolloutRefWorker(Worker):
         """
         actor = self._require(self.actor if self._is_actor else None, "update_actor", "actor")
         cfg = self.config.actor
+        bind_rollout_correction(cfg, data.meta_info)
         if "temperature" not in data.meta_info:
             raise ValueError("update_actor: data.meta_info['temperature'] is missing (the trainer sets it)")
         keys = [*_ACTOR_UPDATE_KEYS, *(["ref_log_prob"] if cfg.use_kl_loss else [])]
         keys += ["rollout_is_weights"] if "rollout_is_weights" in data.batch.keys() else []
+        keys += routing_keys(cfg)
         batch = _select(data.to(_device()), keys, "update_actor")
         batch.meta_info["calculate_entropy"] = cfg.uses_entropy
+        batch.meta_info[ROUTER_REPLAY_META_KEY] = engine_routing_mode(cfg)
         lr = actor.engine.lr_scheduler.get_last_lr()[0]
         metrics = prefixed_engine_metrics(actor.run_mini_batches(batch, actor_update_plan(cfg, self.dp_size)), "actor")
         actor.engine.lr_scheduler_step()

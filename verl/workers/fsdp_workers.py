@@ -60,6 +60,7 @@ from verl.workers.config.model import HFModelConfig
 from verl.workers.config.ref import FSDPRefConfig
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.core.fsdp_model import build_fsdp_model
+from verl.workers.core.losses import bind_rollout_correction
 from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.parallel_layout import DataSequenceLayout
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
@@ -300,6 +301,8 @@ class ActorRolloutRefWorker(Worker):
         with self._actor_placement.on_device():
             out = self.actor.compute_log_prob(data, calculate_entropy=True)
         tensors = {"old_log_probs": out["log_probs"], "entropys": out["entropys"]}
+        if "routed_experts" in out:  # router replay R2: the routing of this forward, replayed in the update
+            tensors["routed_experts"] = out["routed_experts"]
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": self.rollout_config.temperature}).to(
             "cpu"
         )
@@ -317,6 +320,7 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update on this rank's shard; returns ``meta_info["metrics"]`` (incl. ``actor/lr``)."""
         self._require(self._is_actor, "update_actor", "actor")
+        bind_rollout_correction(self.actor_config, data.meta_info)
         data = data.to(_device())
         with self._actor_placement.on_device(optimizer=True):
             metrics = self.actor.update_policy(data)

@@ -135,13 +135,27 @@ def test_bypass_mode_reinforce_sequence_weights():
     assert loss.item() == pytest.approx(-0.75 * (math.log(0.3) + math.log(0.1)), abs=1e-5)
 
 
+def test_bypass_mode_rejection_drops_tokens_from_the_loss():
+    """rollout_rs token_k1, threshold 2 (ratio bounds [1/2, 2]): r = [1.5, 4] -> k1 = -log r = [-0.405, -1.386];
+    keep log(1/2) = -0.693 <= k1 <= log 2: token 2 is rejected. reinforce without IS, seq-mean-token-sum, A = 1:
+    loss = -ln 0.3 (token 1 only)."""
+    old_lp, log_prob = _probs([0.2, 0.2], [0.3, 0.8])
+    corr = RolloutCorrection(loss_type="reinforce", rollout_rs="token_k1", rollout_rs_threshold=2.0)
+    cfg = ActorCfg(policy_loss=PolicyLossCfg(rollout_correction=corr))
+    loss, metrics = compute_policy_loss_bypass_mode(
+        old_lp, log_prob, torch.ones(1, 2), torch.ones(1, 2), "seq-mean-token-sum", cfg
+    )
+    assert loss.item() == pytest.approx(-math.log(0.3), abs=1e-5)
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.5)
+
+
 def test_bypass_mode_config_errors():
-    """Missing rollout_correction, rejection sampling and an unknown loss_type are clear errors."""
+    """Missing rollout_correction, an unknown rejection option and an unknown loss_type are clear errors."""
     old_lp, log_prob = _probs([0.2], [0.3])
     args = (old_lp, log_prob, torch.ones(1, 1), torch.ones(1, 1))
     with pytest.raises(ValueError, match="rollout_correction"):
         compute_policy_loss_bypass_mode(*args, config=ActorCfg(policy_loss=PolicyLossCfg(rollout_correction=None)))
-    with pytest.raises(NotImplementedError, match="rollout_rs"):
+    with pytest.raises(ValueError, match="rollout_rs: 'token' is not an option"):
         compute_policy_loss_bypass_mode(
             *args, config=ActorCfg(policy_loss=PolicyLossCfg(RolloutCorrection(rollout_rs="token")))
         )

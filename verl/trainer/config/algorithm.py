@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
 
@@ -74,22 +74,31 @@ class PFPPOConfig(BaseConfig):
 
 @dataclass
 class RolloutCorrectionConfig(BaseConfig):
-    """`algorithm.rollout_correction`: importance weighting / rejection for rollout-vs-training mismatch."""
+    """`algorithm.rollout_correction`: importance weighting / rejection for rollout-vs-training mismatch.
+
+    The maths and the metrics are in ``verl.trainer.ppo.rollout_corr_helper``. The class methods are upstream's
+    presets (``RolloutCorrectionConfig.decoupled_token_is()``, ``bypass_ppo_clip()``, ...). Unlike upstream's class
+    default (``rollout_is="sequence"``), the field default here is the YAML's (null): a config built without the
+    key behaves as one composed from the YAML.
+    """
 
     rollout_is: Optional[str] = None
     """Importance-sampling weights: null (off) | token | sequence."""
 
-    rollout_is_threshold: float = 2.0
-    """Upper truncation of the IS weights."""
+    rollout_is_threshold: Any = 2.0
+    """A number u: truncate the weights at u (TIS); a string "l_u": zero the weights outside [l, u] (IcePop)."""
 
     rollout_rs: Optional[str] = None
-    """Rejection sampling of mismatched samples: null (off) or the aggregation level."""
+    """Rejection sampling: null (off) or comma-separated options (token_k1|k2|k3, seq_sum_k1|k2|k3,
+    seq_mean_k1|k2|k3, seq_max_k2|k3, binary_kl); all must pass."""
 
-    rollout_rs_threshold: Optional[float] = None
-    """Rejection threshold."""
+    rollout_rs_threshold: Any = None
+    """One bound for all rollout_rs options or one per option (comma-separated); k1 options take "l_u" ratio
+    bounds (or u alone: l = 1/u), the others an upper bound."""
 
     bypass_mode: bool = False
-    """Use the rollout's log-probs as old log-probs (skip the recomputation)."""
+    """Use the rollout's log-probs as old log-probs (skip the recomputation); the actor's loss becomes
+    bypass_mode with `loss_type`."""
 
     loss_type: str = "ppo_clip"
     """Loss used in bypass mode: ppo_clip | reinforce."""
@@ -98,10 +107,127 @@ class RolloutCorrectionConfig(BaseConfig):
     """Normalise the IS weights to mean 1 over the batch."""
 
     def __post_init__(self) -> None:
+        from verl.trainer.ppo import rollout_corr_helper as helper
+
         if self.rollout_is is not None:
             require_choice("rollout_is", self.rollout_is, ("token", "sequence"))
         require_choice("loss_type", self.loss_type, ("ppo_clip", "reinforce"))
-        require_positive("rollout_is_threshold", self.rollout_is_threshold)
+        try:
+            helper.parse_rollout_is_threshold(self.rollout_is_threshold)
+        except ValueError as err:
+            raise ConfigError("rollout_is_threshold", str(err).partition(": ")[2] or str(err)) from None
+        if self.rollout_rs is not None:
+            try:
+                options = helper.parse_rollout_rs_options(self.rollout_rs)
+                helper.parse_rollout_rs_thresholds(options, self.rollout_rs_threshold)
+            except ValueError as err:
+                raise ConfigError("rollout_rs", str(err)) from None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything changes training (weights, rejection or bypass), not just the metrics."""
+        return self.rollout_is is not None or self.rollout_rs is not None or self.bypass_mode
+
+    # Upstream's presets. Decoupled mode: three policies (rollout, old, current); bypass: old = rollout.
+    @classmethod
+    def decoupled_token_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        return cls(rollout_is="token", rollout_is_threshold=threshold)
+
+    @classmethod
+    def decoupled_seq_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        return cls(rollout_is="sequence", rollout_is_threshold=threshold)
+
+    @classmethod
+    def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
+        return cls(rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}")
+
+    @classmethod
+    def decoupled_seq_is_rs(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.5_2.0") -> RolloutCorrectionConfig:
+        return cls(
+            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_sum_k1",
+            rollout_rs_threshold=rs_threshold,
+        )  # fmt: skip
+
+    @classmethod
+    def decoupled_geo_rs(cls, rs_threshold: Any = "0.999_1.001") -> RolloutCorrectionConfig:
+        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
+        return cls(
+            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+        )  # fmt: skip
+
+    @classmethod
+    def decoupled_geo_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
+        return cls(
+            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+        )  # fmt: skip
+
+    @classmethod
+    def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        return cls(rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01):
+        return cls(
+            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
+            rollout_rs_threshold=rs_threshold,
+        )  # fmt: skip
+
+    @classmethod
+    def decoupled_k3_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01):
+        return cls(
+            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
+            rollout_rs_threshold=rs_threshold,
+        )  # fmt: skip
+
+    @classmethod
+    def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
+        return cls(bypass_mode=True, loss_type="ppo_clip")
+
+    @classmethod
+    def bypass_ppo_clip_geo_rs(cls, rs_threshold: Any = "0.999_1.001") -> RolloutCorrectionConfig:
+        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="ppo_clip")
+
+    @classmethod
+    def bypass_ppo_clip_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        return cls(rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="ppo_clip")
+
+    @classmethod
+    def bypass_pg_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        return cls(rollout_is="sequence", rollout_is_threshold=threshold, bypass_mode=True, loss_type="reinforce")
+
+    @classmethod
+    def bypass_pg_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
+        return cls(
+            rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}", bypass_mode=True,
+            loss_type="reinforce",
+        )  # fmt: skip
+
+    @classmethod
+    def bypass_pg_geo_rs(cls, rs_threshold: Any = "0.999_1.001") -> RolloutCorrectionConfig:
+        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce")
+
+    @classmethod
+    def bypass_pg_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
+        return cls(
+            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce",
+        )  # fmt: skip
+
+    @classmethod
+    def bypass_pg_geo_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
+        return cls(
+            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce",
+        )  # fmt: skip
+
+    @classmethod
+    def disabled(cls) -> RolloutCorrectionConfig:
+        return cls(rollout_is=None, rollout_rs=None)
 
 
 @dataclass

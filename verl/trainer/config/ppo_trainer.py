@@ -128,6 +128,8 @@ class ActorRolloutRefConfig(BaseConfig):
         link_keys(self, "rollout.n", "ref.rollout_n")
         link_keys(self, "model.use_remove_padding", "actor.use_remove_padding")
         link_keys(self, "model.use_fused_kernels", "actor.use_fused_kernels")
+        engine = "veomni" if isinstance(self.actor, VeOmniActorConfig) else "fsdp_config"
+        link_keys(self, "actor.router_replay.mode", f"actor.{engine}.router_replay.mode")
         if isinstance(self.actor, VeOmniActorConfig) != isinstance(self.ref, VeOmniRefConfig):
             raise ConfigError(
                 "ref",
@@ -182,6 +184,52 @@ class PPOTrainerConfig(BaseConfig):
         link_keys(self, "trainer.n_gpus_per_node", "actor_rollout_ref.rollout.n_gpus_per_node")
         link_keys(self, "actor_rollout_ref.rollout.n", "critic.rollout_n")
         link_keys(self, "actor_rollout_ref.rollout.multi_turn.tool_config_path", "data.tool_config_path")
+        self._check_rollout_correction()
+        self._check_router_replay()
+
+    def _check_router_replay(self) -> None:
+        """R2 records the routing in the old-log-prob forward: bypass mode has none; under Ulysses SP each rank
+        routes only its slice of the stream, which the replay does not split."""
+        actor = self.actor_rollout_ref.actor
+        mode = actor.router_replay.mode
+        if mode == "disabled":
+            return
+        if mode == "R2" and self.algorithm.rollout_correction.bypass_mode:
+            raise ConfigError(
+                "actor_rollout_ref.actor.router_replay.mode",
+                "(R2) records the routing in the old-log-prob forward, which algorithm.rollout_correction.bypass_mode="
+                "True skips; disable one of them.",
+            )
+        if actor.ulysses_sp_size > 1:
+            raise ConfigError(
+                "actor_rollout_ref.actor.router_replay.mode",
+                f"({mode}) is not supported with Ulysses sequence parallelism (ulysses_sequence_parallel_size="
+                f"{actor.ulysses_sp_size}); use ulysses_sequence_parallel_size=1.",
+            )
+
+    def _check_rollout_correction(self) -> None:
+        """Rollout correction compares against the rollout's own log-probs, so the rollout must return them; bypass
+        mode owns the actor's policy loss (the trainer selects ``bypass_mode``), which must not be chosen by hand."""
+        corr = self.algorithm.rollout_correction
+        loss_mode = self.actor_rollout_ref.actor.policy_loss.loss_mode
+        if corr.enabled and not self.actor_rollout_ref.rollout.calculate_log_probs:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.calculate_log_probs",
+                "(False) must be True with algorithm.rollout_correction (rollout_is / rollout_rs / bypass_mode): "
+                "the correction compares the trainer's log-probs with the rollout's.",
+            )
+        if corr.bypass_mode and loss_mode not in ("vanilla", "bypass_mode"):
+            raise ConfigError(
+                "actor_rollout_ref.actor.policy_loss.loss_mode",
+                f"({loss_mode}) cannot be combined with algorithm.rollout_correction.bypass_mode=True, whose loss is "
+                "bypass_mode (choose it with algorithm.rollout_correction.loss_type=ppo_clip|reinforce).",
+            )
+        if loss_mode == "bypass_mode" and not corr.bypass_mode:
+            raise ConfigError(
+                "actor_rollout_ref.actor.policy_loss.loss_mode",
+                "(bypass_mode) needs algorithm.rollout_correction.bypass_mode=True, which also makes the rollout's "
+                "log-probs the old log-probs; set that key instead.",
+            )
 
     def _check_model_engine(self) -> None:
         """The composed family matches `model_engine`; the critic follows the actor's strategy, except next to a

@@ -125,24 +125,15 @@ def compute_policy_loss_reinforce(
     return pg_loss, {"actor/ppo_kl": kl.item()}
 
 
-def truncated_is_weights(
-    log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor, level: str, threshold: float
-) -> torch.Tensor:
-    """Truncated importance weights min(π_θ/π_rollout, threshold), no autograd, ``(bs, T)``.
-
-    ``level="token"``: one weight per token; ``"sequence"``: the product over the sequence's valid tokens,
-    broadcast to its tokens.
-    """
-    with torch.no_grad():
-        log_w = (log_prob - rollout_log_prob) * response_mask.to(log_prob.dtype)
-        if level == "sequence":
-            log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_prob)
-        elif level != "token":
-            raise ValueError(
-                f"algorithm.rollout_correction.rollout_is={level!r} is not supported by bypass_mode here; "
-                "use 'token', 'sequence' or null."
-            )
-        return torch.exp(torch.clamp(log_w, min=-20.0, max=20.0)).clamp(max=threshold)
+def _rollout_correction_settings(config: Any) -> Any:
+    corr = getattr(getattr(config, "policy_loss", None), "rollout_correction", None)
+    if corr is None:
+        raise ValueError(
+            "policy_loss.loss_mode='bypass_mode' needs the rollout-correction settings: set "
+            "algorithm.rollout_correction.bypass_mode=True (the trainer then selects this loss and sends "
+            "algorithm.rollout_correction to the actor) instead of selecting loss_mode=bypass_mode by hand."
+        )
+    return corr
 
 
 @register_policy_loss("bypass_mode")
@@ -157,39 +148,39 @@ def compute_policy_loss_bypass_mode(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Bypass mode: ``old_log_prob`` *is* the rollout log-prob (no recomputation by the actor).
 
-    ``config.policy_loss.rollout_correction.loss_type``: ``"ppo_clip"`` -> vanilla PPO on π_θ/π_rollout (the
-    clip already handles the mismatch; IS weights would count it twice, so none are applied); ``"reinforce"`` ->
-    REINFORCE with truncated IS weights at level ``rollout_is`` (``token`` | ``sequence`` | None) and bound
-    ``rollout_is_threshold``, optionally normalised to mean 1 (``rollout_is_batch_normalize``). The
-    ``rollout_is_weights`` argument is ignored: weights are computed here from the current log-probs.
-    Rejection sampling (``rollout_rs``) is not implemented here and raises.
+    The weights and the rejection mask of ``config.policy_loss.rollout_correction`` (``rollout_is``,
+    ``rollout_is_threshold``, ``rollout_is_batch_normalize``, ``rollout_rs``, ``rollout_rs_threshold``) are computed
+    here from the *current* π_θ against π_rollout (``rollout_corr_helper``); rejected tokens leave the loss mask.
+    ``loss_type`` ``"ppo_clip"``: vanilla PPO on π_θ/π_rollout without the weights (the ratio already is the
+    correction; weighting again would count it twice); ``"reinforce"``: ``−sg(w)·A·log π_θ``. The
+    ``rollout_is_weights`` argument is ignored. Metrics: the loss's own plus ``rollout_corr/*``.
     """
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
     where = "compute_policy_loss_bypass_mode"
     config = require_config(where, config)
-    corr = getattr(config.policy_loss, "rollout_correction", None)
-    if corr is None:
-        raise ValueError(
-            "policy_loss.loss_mode='bypass_mode' needs actor.policy_loss.rollout_correction "
-            "(set from algorithm.rollout_correction with bypass_mode=True)."
+    corr = _rollout_correction_settings(config)
+    loss_type = corr.get("loss_type", "ppo_clip") if hasattr(corr, "get") else corr.loss_type
+    if loss_type not in ("ppo_clip", "reinforce"):
+        raise ValueError(f"algorithm.rollout_correction.loss_type={loss_type!r}; choose 'ppo_clip' or 'reinforce'.")
+    get = corr.get if hasattr(corr, "get") else lambda key, default=None: getattr(corr, key, default)
+    with torch.no_grad():
+        weights, kept_mask, corr_metrics = compute_rollout_correction_and_rejection_mask(
+            log_prob.detach(),
+            old_log_prob,
+            response_mask,
+            rollout_is=get("rollout_is", None),
+            rollout_is_threshold=get("rollout_is_threshold", 2.0),
+            rollout_is_batch_normalize=get("rollout_is_batch_normalize", False),
+            rollout_rs=get("rollout_rs", None),
+            rollout_rs_threshold=get("rollout_rs_threshold", None),
         )
-    if corr.rollout_rs is not None:
-        raise NotImplementedError(
-            f"algorithm.rollout_correction.rollout_rs={corr.rollout_rs!r}: rejection sampling is not implemented "
-            "in bypass_mode; set it to null."
+    if loss_type == "ppo_clip":
+        pg_loss, metrics = compute_policy_loss_vanilla(
+            old_log_prob, log_prob, advantages, kept_mask, loss_agg_mode, config
         )
-    if corr.loss_type == "ppo_clip":
-        return compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
-    if corr.loss_type != "reinforce":
-        raise ValueError(
-            f"algorithm.rollout_correction.loss_type={corr.loss_type!r}; choose 'ppo_clip' or 'reinforce'."
+    else:
+        pg_loss, metrics = compute_policy_loss_reinforce(
+            old_log_prob, log_prob, advantages, kept_mask, loss_agg_mode, config, rollout_is_weights=weights
         )
-    weights = None
-    if corr.rollout_is is not None:
-        weights = truncated_is_weights(
-            log_prob, old_log_prob, response_mask, corr.rollout_is, corr.rollout_is_threshold
-        )
-        if corr.rollout_is_batch_normalize:
-            weights = weights / verl_F.masked_mean(weights, response_mask).clamp(min=1e-8)
-    return compute_policy_loss_reinforce(
-        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights=weights
-    )
+    return pg_loss, {**metrics, **corr_metrics}

@@ -45,10 +45,12 @@ from verl.trainer.ppo.metric_utils import (
     process_validation_metrics,
     reduce_metrics,
 )
+from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
 from verl.trainer.ppo.worker_groups import ActorRolloutRefGroup, CriticGroup
 from verl.utils.debug.metrics import calculate_rollout_probs_diff_metrics
 from verl.utils.profiler import marked_timer
+from verl.workers.core.losses import ROLLOUT_CORRECTION_META_KEY
 
 _GEN_TENSOR_KEYS = ["input_ids", "attention_mask", "position_ids"]
 _GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs"]
@@ -196,6 +198,8 @@ class RayPPOTrainer:
         self.total_training_steps = total
         OmegaConf.set_struct(self.config, False)
         self.config.actor_rollout_ref.actor.optim.total_training_steps = total
+        if self._bypass_mode:  # the actor's loss reads the rollout's log-probs as old log-probs
+            self.config.actor_rollout_ref.actor.policy_loss.loss_mode = "bypass_mode"
         if self.use_critic:
             self.config.critic.optim.total_training_steps = total
         OmegaConf.set_struct(self.config, True)
@@ -305,6 +309,8 @@ class RayPPOTrainer:
             if self.global_steps > self.config.trainer.critic_warmup:
                 with marked_timer("update_actor", timing):
                     batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+                    if self._bypass_mode:
+                        batch.meta_info[ROLLOUT_CORRECTION_META_KEY] = self._rollout_correction_dict()
                     out = self.actor_rollout_wg.update_actor(batch)  # 8
                     metrics.update(reduce_metrics(out.meta_info["metrics"]))
             self._update_curriculum(batch)  # 9
@@ -365,8 +371,23 @@ class RayPPOTrainer:
         for key, value in result.get("reward_metrics", {}).items():
             metrics[key] = float(value)
 
+    @property
+    def _bypass_mode(self) -> bool:
+        corr = self.config.algorithm.get("rollout_correction")
+        return bool(corr is not None and corr.get("bypass_mode", False))
+
+    def _rollout_correction_dict(self) -> dict:
+        corr = OmegaConf.to_container(self.config.algorithm.rollout_correction, resolve=True)
+        corr.pop("_target_", None)
+        return corr
+
     def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> None:
-        """Step 3: log-probs of the sampled tokens under the current policy (+ the entropy metric)."""
+        """Step 3: log-probs of the sampled tokens under the current policy (+ the entropy metric), then rollout
+        correction (``algorithm.rollout_correction``: IS weights, rejection, ``rollout_corr/*`` metrics) when the
+        rollout returned its log-probs. Bypass mode skips the forward: the rollout's log-probs are the old ones."""
+        if self._bypass_mode:
+            apply_bypass_mode(batch)
+            return
         old = self.actor_rollout_wg.compute_log_prob(batch)
         if "entropys" in old.batch.keys():
             entropy = core_algos.agg_loss(
@@ -380,6 +401,10 @@ class RayPPOTrainer:
         batch.union(old)
         if "rollout_log_probs" in batch.batch.keys():  # rollout.calculate_log_probs: the training-inference gap
             metrics.update(calculate_rollout_probs_diff_metrics(batch))
+            corr = self.config.algorithm.get("rollout_correction")
+            if corr is not None:
+                _, corr_metrics = compute_rollout_correction_and_add_to_batch(batch, self._rollout_correction_dict())
+                metrics.update(corr_metrics)
 
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> None:
         """Step 6: optional KL penalty in the reward, then the configured advantage estimator (on the driver)."""

@@ -23,8 +23,9 @@ from verl.utils.py_functional import append_to_dict
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.core.losses import MetricAccumulator, actor_loss
 from verl.workers.core.micro_batching import global_batch_info, iter_mini_batches, restore_order, split_micro_batches
-from verl.workers.core.model_forward import LogProbOptions, forward_log_probs, multi_modal_kwargs
+from verl.workers.core.model_forward import LogProbOptions, RoutingStep, forward_log_probs, multi_modal_kwargs
 from verl.workers.core.optimizer_step import clip_grad_and_step
+from verl.workers.core.routing import replay_router, routing_keys
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +81,19 @@ class DataParallelPPOActor(BasePPOActor):
         self.use_remove_padding = log_prob_options.use_remove_padding
         self.dp_group = dp_group
         self.ulysses_group = ulysses_group
+        self.router = replay_router(config, actor_module)
 
-    def _forward(self, micro_batch: DataProto, temperature: float, calculate_entropy: bool) -> dict[str, torch.Tensor]:
+    def _routing(self, micro_batch: DataProto, recording: bool) -> RoutingStep | None:
+        """R2: record in the old-log-prob forward, replay in the update; R3: replay the rollout's routing in both."""
+        if self.router is None:
+            return None
+        if recording and self.config.router_replay.mode == "R2":
+            return RoutingStep(self.router, "record")
+        return RoutingStep(self.router, "replay", micro_batch.batch.get("routed_experts"))
+
+    def _forward(
+        self, micro_batch: DataProto, temperature: float, calculate_entropy: bool, recording: bool = False
+    ) -> dict[str, torch.Tensor]:
         batch = micro_batch.batch
         return forward_log_probs(
             self.actor_module,
@@ -92,6 +104,7 @@ class DataParallelPPOActor(BasePPOActor):
             options=self.log_prob_options,
             multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
             ulysses_group=self.ulysses_group,
+            routing=self._routing(micro_batch, recording),
         )
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> dict[str, torch.Tensor]:
@@ -103,7 +116,7 @@ class DataParallelPPOActor(BasePPOActor):
         temperature = _meta(data, "temperature", "compute_log_prob")
         use_dynamic_bsz = bool(data.meta_info.get("use_dynamic_bsz", False))
         micro_batches, indices = split_micro_batches(
-            _select(data, list(_MODEL_INPUT_KEYS)),
+            _select(data, [*_MODEL_INPUT_KEYS, *routing_keys(self.config, recording=True)]),
             micro_batch_size=data.meta_info.get("micro_batch_size"),
             use_dynamic_bsz=use_dynamic_bsz,
             max_token_len=data.meta_info.get("max_token_len"),
@@ -113,13 +126,17 @@ class DataParallelPPOActor(BasePPOActor):
         self.actor_module.eval()
         outputs: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
-            for micro_batch in micro_batches:
-                for key, value in self._forward(micro_batch, temperature, calculate_entropy).items():
-                    outputs.setdefault(key, []).append(value)
+            try:
+                for micro_batch in micro_batches:
+                    forward = self._forward(micro_batch, temperature, calculate_entropy, recording=True)
+                    for key, value in forward.items():
+                        outputs.setdefault(key, []).append(value)
+            finally:
+                self._stop_routing()
         return {key: restore_order(torch.cat(values), indices) for key, values in outputs.items()}
 
     def _update_keys(self) -> list[str]:
-        keys = [*_MODEL_INPUT_KEYS, "response_mask", "old_log_probs", "advantages"]
+        keys = [*_MODEL_INPUT_KEYS, "response_mask", "old_log_probs", "advantages", *routing_keys(self.config)]
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
         return keys
@@ -141,13 +158,22 @@ class DataParallelPPOActor(BasePPOActor):
         calculate_entropy = self.config.calculate_entropy or self.config.entropy_coeff != 0
         metrics: dict[str, list[float]] = {}
         self.actor_module.train()
-        for _, mini_batch in iter_mini_batches(
-            data, self.config.ppo_mini_batch_size, self.config.ppo_epochs, self.config.shuffle,
-            self.config.data_loader_seed,
-        ):  # fmt: skip
-            append_to_dict(metrics, self._update_mini_batch(mini_batch, temperature, calculate_entropy))
+        try:
+            for _, mini_batch in iter_mini_batches(
+                data, self.config.ppo_mini_batch_size, self.config.ppo_epochs, self.config.shuffle,
+                self.config.data_loader_seed,
+            ):  # fmt: skip
+                append_to_dict(metrics, self._update_mini_batch(mini_batch, temperature, calculate_entropy))
+        finally:
+            self._stop_routing()
         self.actor_optimizer.zero_grad(set_to_none=True)
         return metrics
+
+    def _stop_routing(self) -> None:
+        """Replay stays on through each backward (checkpoint recomputes); off afterwards, so the next forward of
+        this module (the rollout's generation in the hybrid engine) routes natively."""
+        if self.router is not None:
+            self.router.stop()
 
     def _update_mini_batch(self, mini_batch: DataProto, temperature: float, calculate_entropy: bool) -> dict:
         info = global_batch_info(mini_batch.batch["response_mask"], self.dp_group)

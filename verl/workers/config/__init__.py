@@ -20,7 +20,7 @@ from verl.workers.config.actor import (
     VeOmniActorConfig,
 )
 from verl.workers.config.critic import CriticConfig, FSDPCriticConfig, FSDPCriticModelCfg
-from verl.workers.config.engine import EngineConfig, FSDPEngineConfig, VeOmniEngineConfig
+from verl.workers.config.engine import EngineConfig, EngineRouterReplayConfig, FSDPEngineConfig, VeOmniEngineConfig
 from verl.workers.config.model import FusedKernelOptionsConfig, HFModelConfig, TiledMLPConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from verl.workers.config.ref import FSDPRefConfig, RefConfig, VeOmniRefConfig
@@ -80,6 +80,7 @@ __all__ = [
     "RewardModelConfig",
     "RolloutConfig",
     "RouterReplayConfig",
+    "EngineRouterReplayConfig",
     "SamplingConfig",
     "SandboxFusionConfig",
     "TiledMLPConfig",

@@ -22,6 +22,7 @@ __all__ = [
     "refuse_unsupported_backend",
     "VEOMNI_TORCH_DTYPES",
     "EngineConfig",
+    "EngineRouterReplayConfig",
     "FSDPEngineConfig",
     "VeOmniEngineConfig",
     "link_role_and_engine",
@@ -64,6 +65,20 @@ _MIXED_PRECISION_KEYS = (
 
 
 @dataclass
+class EngineRouterReplayConfig(BaseConfig):
+    """`<role>.<engine>.router_replay`: the engine-scoped form of `actor.router_replay` (upstream's VeOmni and
+    Megatron recipes set `actor_rollout_ref.actor.veomni.router_replay.mode`). On the actor the two keys are one
+    setting (the side changed from its default wins; both changed to different values raises); elsewhere (reference
+    policy, critic) it has no effect."""
+
+    mode: str = "disabled"
+    """disabled | R2 | R3."""
+
+    def __post_init__(self) -> None:
+        require_choice("mode", self.mode, ("disabled", "R2", "R3"))
+
+
+@dataclass
 class EngineConfig(BaseConfig):
     """Settings every training engine shares."""
 
@@ -89,6 +104,9 @@ class EngineConfig(BaseConfig):
 
     full_determinism: bool = False
     """Deterministic kernels (slower); for bitwise reproducibility checks."""
+
+    router_replay: EngineRouterReplayConfig = field(default_factory=EngineRouterReplayConfig)
+    """MoE router replay, engine-scoped (one setting with the actor's `router_replay`)."""
 
 
 @dataclass
@@ -228,6 +246,10 @@ class VeOmniEngineConfig(BaseConfig):
 
     strategy: str = "veomni"
     """Always veomni (the role's strategy key selects this engine)."""
+
+    router_replay: EngineRouterReplayConfig = field(default_factory=EngineRouterReplayConfig)
+    """MoE router replay, engine-scoped (upstream's `actor.veomni.router_replay`; one setting with the actor's
+    `router_replay`)."""
 
     param_offload: bool = False
     """Move parameters to the CPU between phases."""

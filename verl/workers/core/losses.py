@@ -22,7 +22,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils.torch_functional import masked_mean
 from verl.workers.core.micro_batching import GlobalBatchInfo
 
-__all__ = ["LossConfigView", "MetricAccumulator", "actor_loss", "critic_loss"]
+__all__ = ["LossConfigView", "MetricAccumulator", "actor_loss", "bind_rollout_correction", "critic_loss"]
 
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss"})
 
@@ -40,6 +40,30 @@ class LossConfigView:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._config, name)
+
+
+ROLLOUT_CORRECTION_META_KEY = "rollout_correction"
+"""``meta_info`` key under which the trainer sends ``algorithm.rollout_correction`` (a dict) to ``update_actor`` in
+bypass mode; the actor node itself has no such key (as upstream, where it is attached at run time)."""
+
+
+def bind_rollout_correction(actor_config: Any, meta_info: Mapping[str, Any]) -> None:
+    """Attach the trainer's bypass-mode settings to ``actor_config.policy_loss`` (a run-time attribute).
+
+    The ``bypass_mode`` policy loss reads ``config.policy_loss.rollout_correction``; both worker paths call this
+    before the update, so the legacy actor and the engine path compute the same loss.
+    """
+    corr = meta_info.get(ROLLOUT_CORRECTION_META_KEY)
+    if corr is None:
+        return
+    loss_mode = actor_config.policy_loss.loss_mode
+    if loss_mode != "bypass_mode":
+        raise ValueError(
+            f"update_actor got algorithm.rollout_correction settings for bypass mode, but "
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r}; the trainer sets it to bypass_mode when "
+            "algorithm.rollout_correction.bypass_mode=True (do not override it)."
+        )
+    actor_config.policy_loss.rollout_correction = dict(corr)
 
 
 def _agg(values: torch.Tensor, mask: torch.Tensor, config: Any, info: GlobalBatchInfo) -> torch.Tensor:

@@ -32,7 +32,7 @@ from verl.utils.logprob import log_probs_and_entropy_chunked
 from verl.utils.packing import PackedBatch, pack_padded_batch, unpack_to_padded
 from verl.workers.core.lm_head import LMHeadPlan, lm_head_scope, split_fused_output
 
-__all__ = ["LogProbOptions", "forward_log_probs", "forward_values", "multi_modal_kwargs"]
+__all__ = ["LogProbOptions", "RoutingStep", "forward_log_probs", "forward_values", "multi_modal_kwargs"]
 
 FUSED_BY_DEFAULT = True
 """The fused LM-head path is our default whenever the model has a plain ``nn.Linear`` LM head: it is exact (same
@@ -136,6 +136,51 @@ def _run(model, lm_head, plan, call):
     return output, None  # logits of the selected rows
 
 
+class RoutingStep:
+    """What one forward does with the MoE routing (router replay): ``"record"`` it, or ``"replay"`` the batch's.
+
+    The batch carries routing as ``routed_experts`` ``(B, S, L, k)`` aligned with ``input_ids`` (so it follows
+    the rows through micro-batching, dynamic batch size and reordering like every other per-token key); here it is
+    gathered into the forward's own token stream (packed: the non-padding tokens in order; padded: all ``B * S``)
+    and, after a forward, scattered back (padding positions 0). ``recorded`` is the ``(B, S, L, k)`` routing the
+    forward used (in replay: the forced choice as the gates applied it).
+    """
+
+    def __init__(self, router: Any, mode: str, routed_experts: torch.Tensor | None = None):
+        if mode not in ("record", "replay"):
+            raise ValueError(f"RoutingStep mode must be record or replay, got {mode!r}")
+        if mode == "replay" and routed_experts is None:
+            raise ValueError(
+                "router replay: the batch has no routed_experts (R2 records them in compute_log_prob, R3 gets them "
+                "from the rollout with actor_rollout_ref.rollout.enable_rollout_routing_replay=True)"
+            )
+        self.router, self.mode, self.routed_experts = router, mode, routed_experts
+        self.recorded: torch.Tensor | None = None
+
+    def run(self, call, token_index: torch.Tensor, batch_size: int, seqlen: int):
+        """``call()`` with the routing recorded or forced on the tokens ``token_index`` (flat in ``B * S``)."""
+        from verl.models.transformers.router_replay import RouterReplayError
+
+        flat_shape = (batch_size * seqlen, self.router.num_layers, self.router.top_k)
+        if self.mode == "replay":
+            if tuple(self.routed_experts.shape) != (batch_size, seqlen, *flat_shape[1:]):
+                raise RouterReplayError(
+                    f"router replay: routed_experts has shape {tuple(self.routed_experts.shape)}, the micro-batch "
+                    f"needs {(batch_size, seqlen, *flat_shape[1:])} (rows, tokens, MoE layers, top-k)"
+                )
+            self.router.replay(self.routed_experts.reshape(flat_shape)[token_index])
+            output = call()
+            recorded = self.router.recorded()
+        else:
+            with self.router.record():
+                output = call()
+                recorded = self.router.recorded()
+        padded = torch.zeros(flat_shape, dtype=recorded.dtype, device=recorded.device)
+        padded[token_index] = recorded
+        self.recorded = padded.reshape(batch_size, seqlen, *flat_shape[1:])
+        return output
+
+
 def forward_log_probs(
     model: nn.Module,
     batch: Mapping[str, torch.Tensor],
@@ -146,6 +191,7 @@ def forward_log_probs(
     options: LogProbOptions,
     multi_modal_inputs: Mapping[str, torch.Tensor] | None = None,
     ulysses_group: ProcessGroup | None = None,
+    routing: RoutingStep | None = None,
 ) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy when asked) of the response tokens of one micro-batch.
 
@@ -159,9 +205,11 @@ def forward_log_probs(
         multi_modal_inputs: extra model kwargs (e.g. ``pixel_values``).
         ulysses_group: Ulysses SP group (packed path): every rank of it passes the same micro-batch; the stream is
             split over the group inside the model and gathered before the LM head.
+        routing: record or replay the MoE routing (:class:`RoutingStep`); ``routed_experts`` is then returned.
 
     Returns:
-        ``{"log_probs": (B, R) fp32}`` plus ``"entropys": (B, R) fp32`` when ``calculate_entropy``.
+        ``{"log_probs": (B, R) fp32}`` plus ``"entropys": (B, R) fp32`` when ``calculate_entropy``, and
+        ``"routed_experts": (B, S, L, k)`` with ``routing``.
     """
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     position_ids = _model_position_ids(batch["position_ids"])
@@ -169,19 +217,35 @@ def forward_log_probs(
     fused = options.use_fused(lm_head)
     mm = dict(multi_modal_inputs or {})
     if options.use_remove_padding:
+        _refuse_routing_under_sp(routing, ulysses_group)
         log_probs, entropy = _packed_log_probs(
             model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-            calculate_entropy, options, fused, mm, ulysses_group,
+            calculate_entropy, options, fused, mm, ulysses_group, routing,
         )  # fmt: skip
     else:
         log_probs, entropy = _padded_log_probs(
             model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-            calculate_entropy, options, fused, mm,
+            calculate_entropy, options, fused, mm, routing,
         )  # fmt: skip
     out = {"log_probs": log_probs}
     if calculate_entropy:
         out["entropys"] = entropy
+    if routing is not None:
+        out["routed_experts"] = routing.recorded
     return out
+
+
+def _refuse_routing_under_sp(routing: RoutingStep | None, ulysses_group: ProcessGroup | None) -> None:
+    from verl.utils.ulysses import get_ulysses_sequence_parallel_group, get_ulysses_sequence_parallel_world_size
+
+    group = ulysses_group if ulysses_group is not None else get_ulysses_sequence_parallel_group()
+    if routing is not None and get_ulysses_sequence_parallel_world_size(group) > 1:
+        from verl.models.transformers.router_replay import RouterReplayError
+
+        raise RouterReplayError(
+            "router replay with Ulysses sequence parallelism (ulysses_sequence_parallel_size > 1) is not supported "
+            "here: each rank routes only its slice of the stream; use ulysses_sequence_parallel_size=1"
+        )
 
 
 def _row_temperature(temperature, index: torch.Tensor, seqlen: int):
@@ -192,7 +256,7 @@ def _row_temperature(temperature, index: torch.Tensor, seqlen: int):
 
 
 def _packed_log_probs(model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-                      calculate_entropy, options, fused, mm, ulysses_group):  # fmt: skip
+                      calculate_entropy, options, fused, mm, ulysses_group, routing=None):  # fmt: skip
     batch_size, seqlen = input_ids.shape
     packed = pack_padded_batch(input_ids, attention_mask, position_ids)
     rows, flat_idx = _window_rows(packed, response_length)
@@ -207,6 +271,8 @@ def _packed_log_probs(model, lm_head, input_ids, attention_mask, position_ids, r
         chunk_size=options.fused_chunk_size,
     )
     call = lambda: forward_packed(model, packed, ulysses_group=ulysses_group, **mm)  # noqa: E731
+    if routing is not None:
+        call = _routed(routing, call, packed.indices, batch_size, seqlen)
     log_probs, entropy = _run(model, lm_head, plan, call)
     if not fused:
         log_probs, entropy = _log_probs_from_logits(log_probs, labels, row_temperature, options, calculate_entropy)
@@ -215,8 +281,8 @@ def _packed_log_probs(model, lm_head, input_ids, attention_mask, position_ids, r
 
 
 def _padded_log_probs(model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-                      calculate_entropy, options, fused, mm):  # fmt: skip
-    seqlen = input_ids.shape[1]
+                      calculate_entropy, options, fused, mm, routing=None):  # fmt: skip
+    batch_size, seqlen = input_ids.shape
     window = slice(seqlen - response_length - 1, seqlen - 1)
     labels = input_ids[:, window.start + 1 :]  # (B, R): the response tokens
     plan = LMHeadPlan(
@@ -228,12 +294,19 @@ def _padded_log_probs(model, lm_head, input_ids, attention_mask, position_ids, r
         chunk_size=options.fused_chunk_size,
     )
     call = lambda: forward_padded(model, input_ids, attention_mask, position_ids, **mm)  # noqa: E731
+    if routing is not None:
+        every_token = torch.arange(batch_size * seqlen, device=input_ids.device)
+        call = _routed(routing, call, every_token, batch_size, seqlen)
     log_probs, entropy = _run(model, lm_head, plan, call)
     if not fused:
         log_probs, entropy = _log_probs_from_logits(log_probs, labels, temperature, options, calculate_entropy)
     # zero at padding, like the packed path, so both layouts return the same tensor
     valid = attention_mask[:, window].to(log_probs.dtype)
     return log_probs * valid, None if entropy is None else entropy * valid
+
+
+def _routed(routing: RoutingStep, call, token_index: torch.Tensor, batch_size: int, seqlen: int):
+    return lambda: routing.run(call, token_index, batch_size, seqlen)
 
 
 def forward_values(

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from verl.models.transformers.router_replay import install_router_replay
 from verl.protocol import DataProto
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.device import get_device_id, get_device_name
@@ -37,9 +38,16 @@ from verl.utils.fsdp_utils import (
 from verl.workers.core.fsdp_model import FSDPModel, build_fsdp_model
 from verl.workers.core.losses import MetricAccumulator
 from verl.workers.core.micro_batching import global_batch_info, restore_order, split_micro_batches
-from verl.workers.core.model_forward import LogProbOptions, forward_log_probs, forward_values, multi_modal_kwargs
+from verl.workers.core.model_forward import (
+    LogProbOptions,
+    RoutingStep,
+    forward_log_probs,
+    forward_values,
+    multi_modal_kwargs,
+)
 from verl.workers.core.optimizer_step import clip_grad_and_step
 from verl.workers.core.parallel_layout import DataSequenceLayout
+from verl.workers.core.routing import ROUTED_EXPERTS, ROUTER_REPLAY_META_KEY
 from verl.workers.engine.base import BaseEngine, EngineRegistry, LossFunction
 
 logger = logging.getLogger(__name__)
@@ -338,7 +346,27 @@ class FSDPEngineWithLMHead(FSDPEngine):
             options=self.log_prob_options,
             multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
             ulysses_group=self.layout.ulysses_group,
+            routing=self._routing(micro_batch, meta.get(ROUTER_REPLAY_META_KEY)),
         )
+
+    def forward_backward_batch(
+        self, data: DataProto, loss_function: LossFunction | None = None, forward_only: bool = False
+    ) -> dict[str, Any]:
+        """The base pass; router replay (kept on through each backward) is switched off afterwards, so the next
+        forward of this module (the rollout's generation in the hybrid engine) routes natively."""
+        try:
+            return super().forward_backward_batch(data, loss_function, forward_only)
+        finally:
+            if getattr(self, "_router", None) is not None:
+                self._router.stop()
+
+    def _routing(self, micro_batch: DataProto, mode: str | None) -> RoutingStep | None:
+        """``meta["router_replay"]``: ``record`` (R2 old-log-prob pass) or ``replay`` the batch's routed_experts."""
+        if mode is None:
+            return None
+        if getattr(self, "_router", None) is None:
+            self._router = install_router_replay(self._require_module())
+        return RoutingStep(self._router, mode, micro_batch.batch.get(ROUTED_EXPERTS))
 
 
 @EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device=list(_DEVICES))
