@@ -289,10 +289,13 @@ def _stop_stray_ray() -> None:
         ("actor_rollout_ref.actor.not_a_key=1", "not_a_key"),
         ("+trainer.not_a_key=1", "not_a_key"),
         ("data.train_batch_size=3", "train_batch_size"),
+        ("algorithm.adv_estimator=remax", "algorithm.adv_estimator"),
+        ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name"),
     ],
 )
 def test_config_mistakes_fail_before_ray(assets, tmp_path, override, key):
-    """An unknown key or inconsistent batch sizes fail in seconds, naming the key, without starting Ray."""
+    """An unknown key, inconsistent batch sizes, an estimator whose inputs nothing produces (remax) or an
+    unregistered rollout fail in seconds, naming the key, without starting Ray."""
     command = _command(assets, tmp_path, override)
     start = time.time()
     result = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300)

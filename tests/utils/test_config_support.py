@@ -46,6 +46,8 @@ REFUSED = {
     "data.datagen.path": "/gen.py",
     "actor_rollout_ref.rollout.quantization_config_file": "/q.json",
 }
+# refused values of a key that already has a row above (a dict holds one value per key)
+REFUSED_TOO = [("algorithm.adv_estimator", "remax")]
 INERT = {
     "actor_rollout_ref.model.use_liger": "true",
     "actor_rollout_ref.model.tiled_mlp.enabled": "true",
@@ -71,7 +73,7 @@ def _validate(*overrides):
 
 def test_tables_are_what_these_tests_cover():
     """Adding or removing a row without a test here fails (each row is a reviewed decision)."""
-    assert [s.key for s in UNSUPPORTED_FEATURES] == list(REFUSED)
+    assert [s.key for s in UNSUPPORTED_FEATURES] == [*REFUSED, *(key for key, _ in REFUSED_TOO)]
     assert [s.key for s in INERT_SETTINGS] == list(INERT)
 
 
@@ -86,6 +88,18 @@ def test_default_config_is_neither_refused_nor_reported(caplog):
 def test_unimplemented_feature_is_refused_naming_the_key(key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _validate(f"{key}={REFUSED[key]}")
+
+
+@pytest.mark.parametrize("key, value", REFUSED_TOO)
+def test_other_refused_values_name_the_key(key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.") + f".*{value}"):
+        _validate(f"{key}={value}")
+
+
+def test_unregistered_rollout_is_refused_listing_the_registered_ones():
+    """rollout.name=sglang used to pass validation and fail at worker build (only hf and vllm are registered)."""
+    with pytest.raises(ConfigError, match=r"rollout\.name: \('sglang'\) is not a rollout.*\['hf', 'vllm'\]"):
+        _validate("actor_rollout_ref.rollout.name=sglang")
 
 
 def test_inert_settings_are_reported_in_one_warning(caplog):

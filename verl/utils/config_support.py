@@ -118,6 +118,12 @@ UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
         _set,
         "rollout quantization is not implemented: the rollout would run unquantized; remove the file",
     ),
+    Setting(
+        "algorithm.adv_estimator",
+        lambda v: v == "remax",
+        "remax needs a greedy baseline response per prompt (reward_baselines), which the trainer here does not "
+        "generate; use grpo, rloo or reinforce_plus_plus",
+    ),
 )
 """Features whose absence would change what is trained: refused."""
 
