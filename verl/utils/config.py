@@ -332,12 +332,6 @@ def _check_token_budgets(config: Any, *, use_reference_policy: bool, use_critic:
 def _check_supported_features(config: Any) -> None:
     from verl.utils.config_support import check_supported_features, report_inert_settings
 
-    if config.reward.reward_model.enable:
-        raise ConfigError(
-            "reward.reward_model.enable",
-            "model-based reward serving is not supported by this distribution; use a rule-based reward "
-            "(reward.custom_reward_function.path, or the built-in scores by data_source).",
-        )
     check_supported_features(config)
     report_inert_settings(config)
 
