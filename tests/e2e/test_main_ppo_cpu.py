@@ -308,7 +308,8 @@ def test_config_mistakes_fail_before_ray(assets, tmp_path, override, key):
 
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
 def test_grpo_on_two_ranks(assets, tmp_path, strategy):
-    """GRPO through main_ppo with 2 FSDP ranks (gloo) for each strategy: the run completes and logs every step."""
+    """GRPO through main_ppo with 2 FSDP ranks (gloo) for each strategy: the run completes and logs every step, and
+    trainer.balance_batch (default on) balanced the rows over the 2 ranks (its global_seqlen metrics)."""
     _run(
         _command(
             assets,
@@ -324,6 +325,7 @@ def test_grpo_on_two_ranks(assets, tmp_path, strategy):
     metrics = _metrics(tmp_path)
     assert sorted(metrics) == [1, 2]
     assert all(0.0 <= metrics[s]["critic/score/mean"] <= 1.0 for s in (1, 2))
+    assert all("global_seqlen/balanced_max" in metrics[s] for s in (1, 2))
 
 
 def test_engine_worker_path_trains(assets, tmp_path):
