@@ -40,6 +40,11 @@ LORA = "LoRA is not implemented (model.lora_rank > 0 is refused)"
 NO_ROUTER_REPLAY = (
     "routing is replayed from the batch (routed_experts, recorded by the old-log-prob forward), never from files"
 )
+NO_COMPILE = (
+    "torch.compile is not applied (the chunked log-prob/entropy kernels run eagerly); false by default so a default "
+    "run is not reported, true is reported as having no effect (verl.utils.config_support)"
+)
+
 NO_QUANT = "quantization-aware training is not implemented"
 NO_RM_ROLLOUT = "a generative / served reward model is not supported (reward.reward_model.enable is refused)"
 NO_SERVER = "server-mode rollout features (SGLang server, Prometheus, tracing, skip) are not implemented"
@@ -510,6 +515,8 @@ _HEAD_FIELDS = {
 
 _ACTOR_FIELDS = {
     ("ActorConfig", "strategy"): REQUIRED + " (fsdp)",
+    ("ActorConfig", "use_torch_compile"): NO_COMPILE,
+    ("FSDPEngineConfig", "use_torch_compile"): NO_COMPILE,
     ("ActorConfig", "rollout_n"): REQUIRED + " (rollout.n, 1)",
     ("ActorConfig", "data_loader_seed"): YAML + " (42)",
     ("ActorConfig", "optim"): FSDP_OPTIM,

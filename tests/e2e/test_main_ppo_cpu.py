@@ -289,10 +289,13 @@ def _stop_stray_ray() -> None:
         ("actor_rollout_ref.actor.not_a_key=1", "not_a_key"),
         ("+trainer.not_a_key=1", "not_a_key"),
         ("data.train_batch_size=3", "train_batch_size"),
+        ("algorithm.adv_estimator=remax", "algorithm.adv_estimator"),
+        ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name"),
     ],
 )
 def test_config_mistakes_fail_before_ray(assets, tmp_path, override, key):
-    """An unknown key or inconsistent batch sizes fail in seconds, naming the key, without starting Ray."""
+    """An unknown key, inconsistent batch sizes, an estimator whose inputs nothing produces (remax) or an
+    unregistered rollout fail in seconds, naming the key, without starting Ray."""
     command = _command(assets, tmp_path, override)
     start = time.time()
     result = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -305,7 +308,8 @@ def test_config_mistakes_fail_before_ray(assets, tmp_path, override, key):
 
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
 def test_grpo_on_two_ranks(assets, tmp_path, strategy):
-    """GRPO through main_ppo with 2 FSDP ranks (gloo) for each strategy: the run completes and logs every step."""
+    """GRPO through main_ppo with 2 FSDP ranks (gloo) for each strategy: the run completes and logs every step, and
+    trainer.balance_batch (default on) balanced the rows over the 2 ranks (its global_seqlen metrics)."""
     _run(
         _command(
             assets,
@@ -321,6 +325,7 @@ def test_grpo_on_two_ranks(assets, tmp_path, strategy):
     metrics = _metrics(tmp_path)
     assert sorted(metrics) == [1, 2]
     assert all(0.0 <= metrics[s]["critic/score/mean"] <= 1.0 for s in (1, 2))
+    assert all("global_seqlen/balanced_max" in metrics[s] for s in (1, 2))
 
 
 def test_engine_worker_path_trains(assets, tmp_path):

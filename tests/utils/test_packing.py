@@ -50,8 +50,10 @@ def test_pack_uses_given_position_ids_and_mrope_rows():
 
 
 def test_packed_tensors_are_contiguous_even_from_strided_inputs():
-    """Field-report item 4: every packed tensor handed to kernels/collectives is contiguous, even when the
-    caller's position_ids are a transposed (B, C, S) -> (C, B, S) view."""
+    """Invariant (not a regression test): pack_padded_batch's outputs are contiguous even from a transposed
+    (B, C, S) -> (C, B, S) position-id view, because the token selection is advanced indexing, which copies. The
+    field-report item 4 regression tests are in tests/models/transformers/test_packed_forward.py, where strided
+    tensors can reach the model."""
     input_ids, mask = _example()
     pos_bcs = torch.arange(3 * 4 * 5).reshape(3, 4, 5)
     pos = pos_bcs.transpose(0, 1)  # (C, B, S) view, not contiguous

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from verl.utils import torch_functional as verl_F
 
@@ -92,6 +94,42 @@ def test_entropy_with_chunking_any_shape(shape):
     assert chunked.shape == shape[:-1] and chunked.dtype == torch.float32
     torch.testing.assert_close(chunked, reference, atol=1e-5, rtol=0)
     torch.testing.assert_close(grad_chunked, grad_reference, atol=1e-5, rtol=0)
+
+
+class _NewFloatTensors(TorchDispatchMode):
+    """Records the element count of every floating-point tensor an aten op allocates (views and in-place results,
+    which share an argument's storage, are not allocations and are left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.numels: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
+        self.numels += [
+            t.numel()
+            for t in tree_flatten(out)[0]
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.untyped_storage().data_ptr() not in inputs
+        ]
+        return out
+
+
+def test_entropy_with_chunking_never_allocates_a_full_vocab_softmax():
+    """Field-report item 2 (the 18.95 GiB softmax): with N=64 tokens, V=1000 and chunk 8 the forward allocates
+    nothing larger than two chunk buffers (2 * 8 * 1000 = 16,000 elements, vs N * V = 64,000 for one softmax) and
+    the backward allocates one N x V tensor, the gradient itself. The un-chunked entropy_from_logits allocates
+    64,000-element tensors in the forward (the softmax) and several in the backward, so it fails here."""
+    n, v, chunk = 64, 1000, 8
+    logits = torch.randn(n, v, requires_grad=True)
+    with _NewFloatTensors() as forward:
+        entropy = verl_F.entropy_from_logits_with_chunking(logits, chunk_size=chunk)
+    with _NewFloatTensors() as backward:
+        entropy.sum().backward()
+    assert max(forward.numels) <= 2 * chunk * v
+    assert sum(numel >= n * v for numel in backward.numels) == 1
 
 
 def test_sum_pi_squared():

@@ -250,10 +250,17 @@ def validate_config(config: Any, use_reference_policy: bool, use_critic: bool) -
 
 
 def _check_rollout_name(config: Any) -> None:
-    if config.actor_rollout_ref.rollout.name in ("???", None, ""):
+    """``rollout.name`` is set and names a registered rollout (an unknown name would only fail at worker build)."""
+    from verl.workers.rollout.base import registered_rollouts
+
+    name, valid = config.actor_rollout_ref.rollout.name, registered_rollouts()
+    if name in ("???", None, ""):
+        raise ConfigError("actor_rollout_ref.rollout.name", f"is mandatory: set one of {valid} (hf: CPU / tests).")
+    if name not in valid:
         raise ConfigError(
             "actor_rollout_ref.rollout.name",
-            "is mandatory: set hf (CPU / tests), vllm (GPU; Ascend through vllm-ascend) or sglang.",
+            f"({name!r}) is not a rollout of this distribution; registered: {valid} (hf: transformers generate, "
+            "CPU and small models; vllm: GPU, and Ascend through vllm-ascend).",
         )
 
 
@@ -325,12 +332,6 @@ def _check_token_budgets(config: Any, *, use_reference_policy: bool, use_critic:
 def _check_supported_features(config: Any) -> None:
     from verl.utils.config_support import check_supported_features, report_inert_settings
 
-    if config.reward.reward_model.enable:
-        raise ConfigError(
-            "reward.reward_model.enable",
-            "model-based reward serving is not supported by this distribution; use a rule-based reward "
-            "(reward.custom_reward_function.path, or the built-in scores by data_source).",
-        )
     check_supported_features(config)
     report_inert_settings(config)
 

@@ -44,15 +44,15 @@ def update_model_config(module_config: Any, override_config_kwargs: Mapping[str,
 
 def get_generation_config(model: str, trust_remote_code: bool = False) -> Any:
     """The model's ``GenerationConfig`` (from ``generation_config.json``, else derived from its config), or None."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import GenerationConfig
+
+    from verl.utils.rope_utils import load_hf_config as read_config
 
     try:
         return GenerationConfig.from_pretrained(model)
     except OSError:
         try:
-            return GenerationConfig.from_model_config(
-                AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
-            )
+            return GenerationConfig.from_model_config(read_config(model, trust_remote_code=trust_remote_code))
         except OSError:
             return None
 
@@ -92,10 +92,12 @@ def load_hf_config(
     path: str, *, trust_remote_code: bool, override_config: Mapping[str, Any], attn_implementation: str
 ) -> Any:
     """The HF config of ``path`` with ``override_config`` applied and the attention implementation set (also on
-    text/vision sub-configs, which multimodal models build their own attention from)."""
-    from transformers import AutoConfig
+    text/vision sub-configs, which multimodal models build their own attention from). Read through
+    ``verl.utils.rope_utils.load_hf_config``, which also accepts list-typed rope-validation keys (transformers
+    5.4.0)."""
+    from verl.utils.rope_utils import load_hf_config as read_config
 
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    config = read_config(path, trust_remote_code=trust_remote_code)
     overrides = dict(override_config)
     attn = overrides.pop("attn_implementation", attn_implementation)
     update_model_config(config, overrides)

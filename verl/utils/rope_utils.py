@@ -5,7 +5,9 @@ transformers 5.4.0's rope validation does ``received_keys -= ignore_keys`` and `
 The same key arriving as a list — from JSON (which has no sets), from ``from_dict``, or from vLLM 0.17/0.18's own
 config class — raises ``TypeError: unsupported operand type(s) for -=: 'set' and 'list'`` (fixed in 5.5 and
 5.10.1). :func:`normalize_rope_validation_keys` turns such values back into sets wherever they appear in a config
-dict, and :func:`load_hf_config` applies it before building a config from a checkpoint.
+dict, and :func:`load_hf_config` applies it before building a config from a checkpoint. It is the one config loader
+of the package: the workers (``verl.utils.model.load_hf_config``, ``HFModelConfig.hf_config``), the generation
+config fallback and the checkpoint exporter all read a checkpoint's config through it.
 
 **M-RoPE position ids for packing.** A packed multimodal row needs 4-row position ids: a text row restarting at 0 per
 sequence (HF uses it for the packed mask / flash-attention boundaries), then the 3 M-RoPE rows (T, H, W), computed
@@ -15,6 +17,8 @@ sequence (HF uses it for the packed mask / flash-attention boundaries), then the
 from __future__ import annotations
 
 import itertools
+import json
+import os
 from collections.abc import Mapping
 
 import torch
@@ -23,6 +27,7 @@ __all__ = [
     "SET_TYPED_CONFIG_KEYS",
     "normalize_rope_validation_keys",
     "load_hf_config",
+    "config_kwarg",
     "get_mrope_position_ids",
     "get_packed_mrope_position_ids",
 ]
@@ -65,7 +70,24 @@ def load_hf_config(name_or_path: str, **kwargs):
     model_type = config_dict.get("model_type")
     if not _has_set_typed_keys(config_dict) or model_type not in CONFIG_MAPPING:
         return AutoConfig.from_pretrained(name_or_path, **kwargs)
+    kwargs.pop("trust_remote_code", None)  # a model type of CONFIG_MAPPING is built into transformers
     return CONFIG_MAPPING[model_type].from_dict(normalize_rope_validation_keys(config_dict), **kwargs)
+
+
+def config_kwarg(name_or_path: str, trust_remote_code: bool = False) -> dict:
+    """``{"config": ...}`` for ``AutoTokenizer`` / ``AutoProcessor.from_pretrained`` when ``name_or_path`` is a
+    model directory whose config.json carries set-typed keys, else ``{}``.
+
+    Both auto classes read the model config with plain ``AutoConfig`` when not given one, which raises the
+    set/list TypeError on transformers 5.4.0 (and ``hf_processor`` would then silently fall back to text-only).
+    """
+    config_file = os.path.join(os.path.expanduser(name_or_path), "config.json")
+    if not os.path.isfile(config_file):
+        return {}
+    with open(config_file, encoding="utf-8") as f:
+        if not _has_set_typed_keys(json.load(f)):
+            return {}
+    return {"config": load_hf_config(name_or_path, trust_remote_code=trust_remote_code)}
 
 
 def _vision_positions(start: int, grid_thw: list[int], merge: int) -> torch.Tensor:

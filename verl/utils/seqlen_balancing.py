@@ -30,6 +30,7 @@ from tensordict import TensorDict
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "balance_batch",
     "calculate_workload",
     "ceildiv",
     "get_reverse_idx",
@@ -173,6 +174,30 @@ def log_seqlen_unbalance(seqlen_list: list[int], partitions: list[list[int]], pr
         f"{prefix}/balanced_max": max(after),
         f"{prefix}/mean": sum(before) / k,
     }
+
+
+def balance_batch(batch: Any, dp_size: int, *, prefix: str = "global_seqlen") -> dict[str, float]:
+    """``trainer.balance_batch``: reorder ``batch`` (a DataProto, in place) so that each of the ``dp_size``
+    contiguous equal chunks, which is what the data-parallel dispatch hands rank 0, 1, ..., holds about the same
+    number of tokens (Karmarkar-Karp over ``attention_mask`` sums, equal row counts). Returns the
+    :func:`log_seqlen_unbalance` metrics under ``prefix``.
+
+    Only which rank computes which row changes: the losses are normalised by the global token count, so one
+    mini-batch's update is the same (up to float summation order) as without balancing; with several mini-batches
+    per step their composition changes, as upstream.
+    """
+    rows = len(batch)
+    if dp_size <= 1 or rows < dp_size:
+        return {}
+    if rows % dp_size:
+        raise ValueError(
+            f"trainer.balance_batch: {rows} rows cannot be split equally over {dp_size} data-parallel ranks; "
+            "make data.train_batch_size * actor_rollout_ref.rollout.n divisible by the number of GPUs"
+        )
+    seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+    partitions = get_seqlen_balanced_partitions(seqlens, dp_size, equal_size=True)
+    batch.reorder(torch.tensor([row for part in partitions for row in part]))
+    return log_seqlen_unbalance(seqlens, partitions, prefix)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -55,8 +55,11 @@ def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemm
     del correct_gemma2
     from transformers import AutoTokenizer
 
+    from verl.utils.rope_utils import config_kwarg
+
     path = _resolve_local(name_or_path)
     try:
+        kwargs = {**config_kwarg(path, kwargs.get("trust_remote_code", False)), **kwargs}
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except OSError as exc:
         raise OSError(
@@ -76,8 +79,12 @@ def hf_processor(name_or_path: str, **kwargs):
     """
     from transformers import AutoProcessor
 
+    from verl.utils.rope_utils import config_kwarg
+
+    path = _resolve_local(name_or_path)
     try:
-        processor = AutoProcessor.from_pretrained(_resolve_local(name_or_path), **kwargs)
+        kwargs = {**config_kwarg(path, kwargs.get("trust_remote_code", False)), **kwargs}
+        processor = AutoProcessor.from_pretrained(path, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any failure means "no processor"; the reason is logged
         logger.info(
             "no processor for %s (%s: %s); treating the model as text-only", name_or_path, type(exc).__name__, exc

@@ -136,24 +136,51 @@ def test_return_hidden_gives_pre_head_states():
     assert (head(hidden) - logits).abs().max().item() <= 1e-6
 
 
-def test_model_receives_contiguous_tensors_and_no_mask_no_cache():
-    """Field-report item 4 and the HF packing conditions: the model gets contiguous ids/positions/cu_seqlens,
-    attention_mask=None and use_cache=False, even from strided (transposed) inputs."""
-    model = _tiny("llama", "sdpa")
-    ids, mask, pos, _ = _batch()
-    packed = pack_padded_batch(ids.t().contiguous().t(), mask, pos.t().contiguous().t())
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values as ``t`` in a non-contiguous view (every other element of a doubled tensor)."""
+    view = torch.stack([t, t], dim=-1)[..., 0]
+    assert torch.equal(view, t) and not view.is_contiguous()
+    return view
+
+
+def _seen_kwargs(model, call) -> dict:
     seen = {}
     handle = model.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
     try:
         with torch.no_grad():
-            forward_packed(model, packed)
+            call()
     finally:
         handle.remove()
+    return seen
+
+
+def test_model_receives_contiguous_tensors_and_no_mask_no_cache():
+    """Field-report item 4 and the HF packing conditions: the model gets contiguous ids/positions/cu_seqlens,
+    attention_mask=None and use_cache=False, even when the PackedBatch holds strided views (as a caller slicing
+    or re-using a packed batch produces; pack_padded_batch's own outputs are contiguous by construction).
+    Removing forward_packed's .contiguous() on input_ids/position_ids, or packed_attention_kwargs' on
+    cu_seqlens, fails this test."""
+    model = _tiny("llama", "sdpa")
+    ids, mask, pos, _ = _batch()
+    packed = pack_padded_batch(ids, mask, pos)
+    packed.input_ids, packed.position_ids = _strided(packed.input_ids), _strided(packed.position_ids)
+    packed.cu_seqlens = _strided(packed.cu_seqlens)
+    seen = _seen_kwargs(model, lambda: forward_packed(model, packed))
     assert seen["attention_mask"] is None and seen["use_cache"] is False
     for key in ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "verl_cu_seqlens"):
         assert seen[key].is_contiguous(), key
     assert seen["cu_seq_lens_q"].dtype == torch.int32 and seen["verl_cu_seqlens"].tolist() == packed.cu_seqlens.tolist()
     assert seen["max_length_q"] == max(LENGTHS)
+
+
+def test_padded_forward_hands_the_model_contiguous_position_ids():
+    """Field-report item 4 on the padded path: position ids handed in as a strided view reach the model
+    contiguous, with the same values (removing forward_padded's .contiguous() fails this test)."""
+    model = _tiny("llama", "sdpa")
+    ids, mask, pos, _ = _batch()
+    strided = _strided(pos)
+    seen = _seen_kwargs(model, lambda: forward_padded(model, ids, mask, strided))
+    assert seen["position_ids"].is_contiguous() and torch.equal(seen["position_ids"], pos)
 
 
 def test_forward_packed_rejects_bad_cu_seqlens_and_three_row_mrope():

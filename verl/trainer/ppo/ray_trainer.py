@@ -50,6 +50,7 @@ from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
 from verl.trainer.ppo.worker_groups import ActorRolloutRefGroup, CriticGroup
 from verl.utils.debug.metrics import calculate_rollout_probs_diff_metrics
 from verl.utils.profiler import marked_timer
+from verl.utils.seqlen_balancing import balance_batch
 from verl.workers.core.losses import ROLLOUT_CORRECTION_META_KEY
 
 _GEN_TENSOR_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -290,6 +291,8 @@ class RayPPOTrainer:
         with marked_timer("step", timing):
             with marked_timer("gen", timing):
                 batch = self._generate(batch)  # 1
+            if self.config.trainer.balance_batch:
+                metrics.update(balance_batch(batch, self.actor_rollout_wg.world_size))  # DP ranks: equal tokens
             with marked_timer("reward", timing):
                 self._compute_reward(batch, metrics)  # 2
             with marked_timer("old_log_prob", timing):

@@ -90,7 +90,8 @@ def export_hf_from_checkpoint(ckpt_dir: str, target_dir: str, dtype: torch.dtype
     Returns ``target_dir``.
     """
     import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig
+
+    from verl.utils.rope_utils import load_hf_config
 
     dcp_dir, hf_dir = os.path.join(ckpt_dir, DCP_MODEL_DIR), os.path.join(ckpt_dir, "huggingface")
     for required in (os.path.join(dcp_dir, ".metadata"), os.path.join(hf_dir, "config.json")):
@@ -99,7 +100,7 @@ def export_hf_from_checkpoint(ckpt_dir: str, target_dir: str, dtype: torch.dtype
                 f"{required} is missing: {ckpt_dir} is not a sharded (DCP) checkpoint with 'model' in "
                 "checkpoint.save_contents"
             )
-    config = AutoConfig.from_pretrained(hf_dir)
+    config = load_hf_config(hf_dir)
     with torch.device("meta"):
         model = _model_class(config)._from_config(config, dtype=dtype or _saved_dtype(dcp_dir))
     model.to_empty(device="cpu")

@@ -1,6 +1,7 @@
 """A stand-in ``veomni`` package for CPU tests of the VeOmni engine's wiring.
 
-VeOmni cannot be installed next to the CPU stack (``shared/reference/cpu_environment.md`` §6). The fake provides
+The real VeOmni (0.1.12) installs and builds its Qwen3.5-MoE model on a CPU, but its packed forward stops in the
+Gated DeltaNet, whose varlen kernels exist only in Triton (docs/veomni.md). The fake provides
 the entry points the engine calls, with the keyword names of a recent release, and records what each received:
 
 * ``veomni.distributed.parallel_state.init_parallel_state`` records its sizes;
@@ -10,7 +11,7 @@ the entry points the engine calls, with the keyword names of a recent release, a
 * ``veomni.arguments`` holds ``OpsImplementationConfig`` (keeps its kwargs) and ``MixedPrecisionConfig``.
 
 It proves the arguments and that the engine computes through the shared core; it says nothing about VeOmni's own
-kernels, Ulysses or expert parallelism.
+kernels, Ulysses or expert parallelism, and a result against it is not a VeOmni result.
 """
 
 from __future__ import annotations

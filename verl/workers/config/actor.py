@@ -163,8 +163,9 @@ class ActorConfig(BaseConfig):
     use_prefix_grouper: bool = False
     """Share the prompt prefix computation across the rollout_n responses of a prompt."""
 
-    use_torch_compile: bool = True
-    """torch.compile the log-prob/entropy kernels. Linked to fsdp_config.use_torch_compile."""
+    use_torch_compile: bool = False
+    """Upstream: torch.compile the log-prob/entropy kernels. Not applied here (the chunked kernels run eagerly);
+    true is reported as having no effect. Linked to fsdp_config.use_torch_compile."""
 
     kl_loss_coef: float = 0.001
     """Weight of the KL loss when use_kl_loss."""

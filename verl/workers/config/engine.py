@@ -96,8 +96,8 @@ class EngineConfig(BaseConfig):
     forward_only: bool = False
     """The model only runs forward passes (reference policy): no optimizer, always offloaded."""
 
-    use_torch_compile: bool = True
-    """torch.compile the entropy/log-prob kernels. The CPU quickstart turns it off."""
+    use_torch_compile: bool = False
+    """Upstream: torch.compile the entropy/log-prob kernels. Not applied here (reported as having no effect)."""
 
     seed: int = 42
     """Seed for model initialisation and dropout."""

@@ -122,21 +122,25 @@ class HFModelConfig(BaseConfig):
 
     @cached_property
     def hf_config(self) -> Any:
-        """The `transformers` PretrainedConfig read from `hf_config_path` (or `path`)."""
-        from transformers import AutoConfig
+        """The `transformers` PretrainedConfig read from `hf_config_path` (or `path`), through the package's one
+        config loader (list-typed rope-validation keys accepted on transformers 5.4.0)."""
+        from verl.utils.rope_utils import load_hf_config
 
         self._import_external_lib()
         source = os.path.expanduser(self.hf_config_path) if self.hf_config_path else self.local_path
-        return AutoConfig.from_pretrained(source, trust_remote_code=self.trust_remote_code)
+        return load_hf_config(source, trust_remote_code=self.trust_remote_code)
 
     @cached_property
     def tokenizer(self) -> Any:
         """The tokenizer; pad token falls back to eos (with a warning), `custom_chat_template` applied."""
         from transformers import AutoTokenizer
 
+        from verl.utils.rope_utils import config_kwarg
+
         self._import_external_lib()
         source = os.path.expanduser(self.tokenizer_path) if self.tokenizer_path else self.local_path
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=self.trust_remote_code)
+        trust = self.trust_remote_code
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust, **config_kwarg(source, trust))
         if tokenizer.pad_token_id is None:
             logger.warning("tokenizer at %s has no pad token; using eos_token %r", source, tokenizer.eos_token)
             tokenizer.pad_token = tokenizer.eos_token
@@ -149,10 +153,13 @@ class HFModelConfig(BaseConfig):
         """The multimodal processor, or None for text-only models (whose 'processor' is just a tokenizer)."""
         from transformers import AutoProcessor
 
+        from verl.utils.rope_utils import config_kwarg
+
         self._import_external_lib()
         source = os.path.expanduser(self.tokenizer_path) if self.tokenizer_path else self.local_path
+        trust = self.trust_remote_code
         try:
-            processor = AutoProcessor.from_pretrained(source, trust_remote_code=self.trust_remote_code)
+            processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust, **config_kwarg(source, trust))
         except (OSError, ValueError, TypeError, KeyError) as exc:
             logger.info("no multimodal processor at %s (%s); treating the model as text-only", source, exc)
             return None

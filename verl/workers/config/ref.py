@@ -33,8 +33,8 @@ class RefConfig(BaseConfig):
     rollout_n: int = 1
     """Responses per prompt; the YAML makes it follow actor_rollout_ref.rollout.n."""
 
-    use_torch_compile: bool = True
-    """torch.compile the log-prob kernels; follows actor_rollout_ref.actor.use_torch_compile."""
+    use_torch_compile: bool = False
+    """Upstream: torch.compile the log-prob kernels (not applied here); follows the actor's."""
 
     log_prob_micro_batch_size: Optional[int] = None
     """Deprecated global micro-batch size; use log_prob_micro_batch_size_per_gpu."""

@@ -156,7 +156,8 @@ class RolloutConfig(BaseConfig):
     )
 
     name: str = MISSING
-    """Mandatory: hf (HF generate; CPU and tests) | vllm (GPU, and Ascend through vllm-ascend) | sglang."""
+    """Mandatory: hf (HF generate; CPU and tests) | vllm (GPU, and Ascend through vllm-ascend); the registered
+    rollouts (``verl.workers.rollout.registered_rollouts``). Any other name (sglang, trtllm) is refused before Ray."""
 
     mode: str = "async"
     """async (server mode driven by agent loops) | sync (generate inside the worker)."""

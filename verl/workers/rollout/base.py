@@ -23,7 +23,7 @@ import torch
 
 from verl.protocol import DataProto
 
-__all__ = ["BaseRollout", "generation_seed", "get_rollout_class", "register_rollout"]
+__all__ = ["BaseRollout", "generation_seed", "get_rollout_class", "register_rollout", "registered_rollouts"]
 
 
 def generation_seed(base_seed: int, meta_info: dict, dp_rank: int) -> int:
@@ -82,6 +82,11 @@ def register_rollout(name: str, module: str, attribute: str, requires: str | Non
     if existing is not None and existing != (module, attribute, requires):
         raise ValueError(f"rollout {name!r} is already registered as {existing[0]}.{existing[1]}")
     _ROLLOUT_REGISTRY[name] = (module, attribute, requires)
+
+
+def registered_rollouts() -> list[str]:
+    """The values ``actor_rollout_ref.rollout.name`` accepts (the driver checks it against these before Ray)."""
+    return sorted(_ROLLOUT_REGISTRY)
 
 
 def get_rollout_class(rollout_name: str, mode: str = "async") -> type[BaseRollout]:

@@ -106,6 +106,28 @@ def test_foundation_model_kwargs():
     }  # fmt: skip
 
 
+def _build_foundation_model_0_1_12(config_path, weights_path=None, torch_dtype="bfloat16", attn_implementation=None,
+                                   init_device="cuda", config_kwargs=None, encoder_data_balance=False,
+                                   encoder_data_balance_sorting_algo="post_mbs_balancing_greedy_without_pad",
+                                   ops_implementation=None):  # fmt: skip
+    """The signature of veomni 0.1.12's build_foundation_model (read from the installed wheel)."""
+
+
+def test_foundation_model_kwargs_fit_veomni_0_1_12():
+    """veomni 0.1.12 has no force_use_huggingface: the engine's arguments bind to its signature (they used to
+    raise TypeError: unexpected keyword), and force_use_huggingface=true is refused naming the key."""
+    import inspect
+
+    accepted = parameter_names(_build_foundation_model_0_1_12)
+    kwargs = foundation_model_kwargs(VeOmniEngineConfig(), "/m", "/c", ops_implementation=object(), accepted=accepted)
+    inspect.signature(_build_foundation_model_0_1_12).bind(**kwargs)
+    assert "force_use_huggingface" not in kwargs
+    with pytest.raises(ConfigError, match="force_use_huggingface.*MODELING_BACKEND=hf"):
+        foundation_model_kwargs(
+            VeOmniEngineConfig(force_use_huggingface=True), "/m", "/c", ops_implementation=None, accepted=accepted
+        )
+
+
 class _MixedPrecisionConfig:
     def __init__(self, enable):
         self.enable = enable

@@ -113,17 +113,34 @@ def ops_implementation_kwargs(config: VeOmniEngineConfig) -> dict[str, str]:
 
 
 def foundation_model_kwargs(
-    config: VeOmniEngineConfig, model_path: str, config_path: str, ops_implementation: Any
+    config: VeOmniEngineConfig,
+    model_path: str,
+    config_path: str,
+    ops_implementation: Any,
+    accepted: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """Arguments of ``veomni.models.auto.build_foundation_model``."""
-    return {
+    """Arguments of ``veomni.models.auto.build_foundation_model``.
+
+    ``accepted`` (the installed function's :func:`parameter_names`): ``force_use_huggingface`` is passed only where
+    it exists. veomni 0.1.12 dropped it (its ``MODELING_BACKEND`` environment variable selects HF modeling), and
+    passing it raised ``TypeError`` there; ``true`` with such a release is refused, naming the replacement.
+    """
+    kwargs = {
         "config_path": config_path,
         "weights_path": model_path,
         "torch_dtype": VEOMNI_TORCH_DTYPES[config.model_dtype],
         "init_device": config.init_device,
         "ops_implementation": ops_implementation,
-        "force_use_huggingface": config.force_use_huggingface,
     }
+    if accepted is None or "force_use_huggingface" in accepted:
+        kwargs["force_use_huggingface"] = config.force_use_huggingface
+    elif config.force_use_huggingface:
+        raise ConfigError(
+            "force_use_huggingface",
+            "(true) is not an argument of the installed veomni's build_foundation_model; set it to false and "
+            "export MODELING_BACKEND=hf for the workers (ray_kwargs.ray_init.runtime_env.env_vars) instead.",
+        )
+    return kwargs
 
 
 def _basic_modules(model_modules: Iterable[str] | None, extra: Iterable[str]) -> list[str]:

@@ -99,8 +99,9 @@ class VeOmniEngine(FSDPEngine):
         init(**parallel_state_kwargs(cfg, dist.get_world_size(), get_device_name(), parameter_names(init)))
         arguments = import_veomni("arguments")
         ops = arguments.OpsImplementationConfig(**ops_implementation_kwargs(cfg))
-        model = import_veomni("models.auto").build_foundation_model(
-            **foundation_model_kwargs(cfg, path, path, ops_implementation=ops)
+        build = import_veomni("models.auto").build_foundation_model
+        model = build(
+            **foundation_model_kwargs(cfg, path, path, ops_implementation=ops, accepted=parameter_names(build))
         )
         logger.info("VeOmni model %s: %d GDN mixers marked varlen", type(model).__name__, _mark_varlen_mixers(model))
         if self.freeze_vision_tower:  # before sharding, as in build_fsdp_model (VeOmni shards with FSDP2)
