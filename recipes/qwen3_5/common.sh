@@ -12,9 +12,6 @@
 #   HCCL_EXEC_TIMEOUT          seconds a collective may wait for its peers [1800]
 #   VERL_NIC                   network interface of the cluster network (e.g. enp189s0f0); when set,
 #                              HCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME default to it
-#
-# Multi-node helpers (docs/ascend.md, "Several nodes"): verl_ray_wait_for_npus N [TIMEOUT_S] waits until the Ray
-# cluster this shell reaches reports N NPUs.
 
 PYTHON=${PYTHON:-python3}
 
@@ -84,25 +81,3 @@ verl_launch() {
     exec "${PYTHON}" -m "${module}" "$@"
 }
 
-# verl_ray_wait_for_npus N [TIMEOUT_S] : poll `ray status` until the cluster reports at least N NPUs (default
-# timeout 600 s). Start the head (`ray start --head --node-ip-address=<head ip> --resources='{"NPU": 8}'`) and
-# every worker (`ray start --address=<head ip>:6379 --node-ip-address=<its ip> --resources='{"NPU": 8}'`) first;
-# launching before the last node joined fails with "resource request cannot be satisfied" or waits forever.
-verl_ray_wait_for_npus() {
-    local want=$1 timeout_s=${2:-600} poll_s=${VERL_RAY_POLL_S:-10} waited=0 have
-    while true; do
-        have=$("${PYTHON}" -c 'import ray; ray.init(address="auto", logging_level="ERROR"); print(int(ray.cluster_resources().get("NPU", 0)))' 2>/dev/null | tail -n 1)
-        have=${have:-0}
-        if (( have >= want )); then
-            echo "ray: ${have} NPUs in the cluster (wanted ${want})" >&2
-            return 0
-        fi
-        if (( waited >= timeout_s )); then
-            echo "error: after ${timeout_s} s Ray sees ${have} of ${want} NPUs; check 'ray status' and that every" \
-                "node ran 'ray start --address=<head>:6379 --node-ip-address=<its ip>'." >&2
-            return 1
-        fi
-        sleep "${poll_s}"
-        waited=$((waited + poll_s))
-    done
-}

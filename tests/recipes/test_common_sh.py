@@ -1,6 +1,5 @@
 """recipes/qwen3_5/common.sh, sourced by a user's shell as the Ascend guide says: it leaves the caller's shell
-options as they were, exports the HCCL/NIC settings without overriding the user's, and the Ray readiness loop
-reports how many NPUs it saw. Real bash; CANN's set_env.sh is a stand-in that reads an unset variable (as the
+options as they were, and exports the HCCL/NIC settings without overriding the user's. Real bash; CANN's set_env.sh is a stand-in that reads an unset variable (as the
 real scripts do with LD_LIBRARY_PATH), since CANN is not installed here."""
 
 from __future__ import annotations
@@ -50,20 +49,3 @@ def test_nic_and_hccl_defaults_do_not_override_the_user(tmp_path):
     no_nic = _bash(script, tmp_path).stdout
     assert "HCCL_SOCKET_IFNAME" not in no_nic and "GLOO_SOCKET_IFNAME" not in no_nic
 
-
-def _fake_python(tmp_path: Path, npus: int) -> Path:
-    """A PYTHON that answers the readiness probe with a fixed NPU count (no Ray cluster here)."""
-    fake = tmp_path / "fake_python"
-    fake.write_text(f"#!/bin/sh\necho {npus}\n")
-    fake.chmod(0o755)
-    return fake
-
-
-def test_ray_readiness_loop(tmp_path):
-    ready = _bash(f"source {COMMON} && verl_ray_wait_for_npus 16 5", tmp_path, PYTHON=str(_fake_python(tmp_path, 16)))
-    assert ready.returncode == 0 and "16 NPUs in the cluster" in ready.stderr
-    short = _bash(
-        f"source {COMMON} && verl_ray_wait_for_npus 16 2", tmp_path, PYTHON=str(_fake_python(tmp_path, 8)),
-        VERL_RAY_POLL_S="1",
-    )  # fmt: skip
-    assert short.returncode == 1 and "Ray sees 8 of 16 NPUs" in short.stderr
