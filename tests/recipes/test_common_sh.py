@@ -48,4 +48,3 @@ def test_nic_and_hccl_defaults_do_not_override_the_user(tmp_path):
     assert "HCCL_EXEC_TIMEOUT=1800" in lines
     no_nic = _bash(script, tmp_path).stdout
     assert "HCCL_SOCKET_IFNAME" not in no_nic and "GLOO_SOCKET_IFNAME" not in no_nic
-
