@@ -242,6 +242,8 @@ MANIFEST = {
         "compute_timing_metrics",
         "compute_throughout_metrics",
         "process_validation_metrics",
+        "bootstrap_metric",
+        "calc_maj_val",
         "reduce_metrics",
     ],
     "verl.trainer.ppo.reward": [

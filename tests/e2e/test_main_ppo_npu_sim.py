@@ -83,7 +83,8 @@ def test_grpo_on_simulated_npu_with_offload_equals_cpu(assets, tmp_path):
     workers build the model for the npu platform, with the NPU kernel patches) and logs, per step, the
     critic/score/mean, actor/pg_loss and actor/grad_norm of the trainer.device=cpu run (1e-5 relative: the same
     tokens are sampled and the simulated kernels are the CPU ones; only the NPU fused-op patches reorder a few fp32
-    reductions, measured 2e-7 on the grad norm)."""
+    reductions, measured 2e-7 on the grad norm). perf/max_memory_*_gb are the simulated NPU's peaks (> 0), 0 on the
+    CPU."""
     common = ("trainer.total_training_steps=2", "trainer.val_before_train=False", "trainer.test_freq=-1", *OFFLOAD)
     cpu_output = _train(_command(assets, tmp_path / "cpu", "trainer.device=cpu", *common))
     npu_output = _train([*LAUNCH, *_command(assets, tmp_path / "npu", "trainer.device=npu", *common)[2:]])
@@ -93,6 +94,9 @@ def test_grpo_on_simulated_npu_with_offload_equals_cpu(assets, tmp_path):
     for step in (1, 2):
         for name in COMPARED:
             assert npu[step][name] == pytest.approx(cpu[step][name], rel=1e-5, abs=1e-9), (step, name)
+        # device memory is read through the Platform: the simulated NPU counts its live bytes, the CPU has no allocator
+        assert npu[step]["perf/max_memory_allocated_gb"] > 0 and cpu[step]["perf/max_memory_allocated_gb"] == 0
+        assert npu[step]["perf/max_memory_reserved_gb"] >= npu[step]["perf/max_memory_allocated_gb"]
 
 
 def test_npu_without_torch_npu_fails_before_ray(assets, tmp_path):

@@ -40,17 +40,17 @@ def load_rows(path):
 
 
 def test_gsm8k_defaults_to_shipped_sample(tmp_path, tokenizer):
-    """No inputs: 64 train / 16 test rows from the sample; columns as upstream; each reference answer scores 1.0."""
+    """No inputs: 64 train / 16 test rows from the sample, labelled as the sample (not openai/gsm8k); columns as
+    upstream; each reference answer scores 1.0 under the gsm8k rule."""
     written = script("gsm8k").main(["--local_save_dir", str(tmp_path)])
     train, test = load_rows(written["train"]), load_rows(written["test"])
     assert (len(train), len(test)) == (64, 16)
     assert list(train[0]) == UPSTREAM_COLUMNS
     for row in train + test:
-        assert row["data_source"] == "openai/gsm8k" and row["prompt"][0]["content"].endswith('after "####".')
-        assert (
-            default_compute_score("openai/gsm8k", row["extra_info"]["answer"], row["reward_model"]["ground_truth"])
-            == 1.0
-        )
+        assert row["data_source"] == "verl_sample/gsm8k_format"
+        assert row["prompt"][0]["content"].endswith('after "####".')
+        truth = row["reward_model"]["ground_truth"]
+        assert default_compute_score(row["data_source"], row["extra_info"]["answer"], truth) == 1.0
     dataset = RLHFDataset(written["train"], tokenizer, {"max_prompt_length": 256})
     assert len(dataset) == 64 and dataset[5]["reward_model"]["ground_truth"] == train[5]["reward_model"]["ground_truth"]
 

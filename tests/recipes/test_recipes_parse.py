@@ -131,7 +131,7 @@ def validate_like_main_ppo(config) -> None:
 def test_recipes_found():
     """The recipe set the docs promise exists: FSDP1, FSDP2, engine workers, VeOmni, long sequences, CPU smoke."""
     names = {p.name for p in RECIPES}
-    for part in ("fsdp1_aime", "fsdp2_geo3k", "engine_geo3k", "veomni_aime", "longseq", "cpu_smoke"):
+    for part in ("fsdp1_aime", "fsdp2_geo3k", "engine_geo3k", "veomni_aime", "longseq", "cpu_smoke", "npu_smoke"):
         assert any(part in n for n in names), f"no recipe named *{part}* in {RECIPE_DIR}"
 
 
@@ -196,6 +196,22 @@ def test_ascend_recipes_target_npu_and_read_paths_from_env(script: Path, tmp_pat
     assert custom["actor_rollout_ref.model.path"] == "/models/q"
     assert custom["data.train_files"].startswith("/d/") and custom["data.val_files"].startswith("/d/")
     assert (custom["trainer.nnodes"], custom["trainer.n_gpus_per_node"]) == ("4", "16")
+
+
+def test_npu_smoke_fits_one_npu_and_runs_a_few_steps(tmp_path: Path):
+    """The Ascend smoke recipe: a small Qwen3.5 on one NPU with FSDP2, GSM8K, a handful of steps ending in a
+    checkpoint and a validation, metrics written to a file (for metrics.png)."""
+    script = RECIPE_DIR / "run_qwen3_5_2b_grpo_fsdp2_gsm8k_npu_smoke.sh"
+    printed = dict(o.split("=", 1) for o in printed_overrides(script, tmp_path))
+    assert (printed["trainer.nnodes"], printed["trainer.n_gpus_per_node"]) == ("1", "1")
+    assert (
+        printed["actor_rollout_ref.actor.strategy"] == "fsdp2"
+        and "Qwen3.5-2B" in printed["actor_rollout_ref.model.path"]
+    )
+    assert printed["data.train_files"].endswith("/gsm8k/train.parquet")
+    steps = int(printed["trainer.total_training_steps"])
+    assert steps <= 10 and printed["trainer.save_freq"] == printed["trainer.test_freq"] == str(steps)
+    assert "file" in printed["trainer.logger"]
 
 
 def test_cpu_smoke_validates_against_the_quickstart_config(tmp_path: Path):

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from verl.trainer.config import PPOTrainerConfig, TrainerConfig
-from verl.utils.tracking import Tracking, ValidationGenerationsLogger, resolve_log_dir
+from verl.utils import tracking
+from verl.utils.tracking import (
+    LoggerPackageMissingError,
+    Tracking,
+    ValidationGenerationsLogger,
+    check_logger_packages,
+    resolve_log_dir,
+)
 
 
 def _read_jsonl(path):
@@ -76,8 +83,8 @@ def test_console_backend_format(capsys):
 
 def test_unknown_backend_names_trainer_logger():
     """An unsupported backend fails at construction, naming trainer.logger and the choices."""
-    with pytest.raises(ValueError, match=r"^trainer\.logger: 'mlflow' is not a supported tracking backend"):
-        Tracking("p", "e", default_backend=["console", "mlflow"])
+    with pytest.raises(ValueError, match=r"^trainer\.logger: 'clearml' is not a supported tracking backend"):
+        Tracking("p", "e", default_backend=["console", "clearml"])
 
 
 def test_log_to_selected_backends_only(tmp_path, capsys):
@@ -89,9 +96,9 @@ def test_log_to_selected_backends_only(tmp_path, capsys):
 
 
 def test_wandb_missing_gives_actionable_error(monkeypatch):
-    """Without wandb installed the error says how to install it or drop it from trainer.logger."""
+    """Without wandb installed the error says how to install it (package or extra) or drop it from trainer.logger."""
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install wandb.*trainer\.logger=\[console,file\]"):
+    with pytest.raises(LoggerPackageMissingError, match=r"pip install wandb .*\.\[tracking\].*remove 'wandb'"):
         Tracking("p", "e", default_backend=["wandb"])
 
 
@@ -130,3 +137,75 @@ def test_validation_generations_file(tmp_path):
     assert _read_jsonl(tmp_path / "val_generations.jsonl") == [
         {"step": 5, "samples": [{"input": "q", "output": "a", "score": 1.0}]}
     ]
+
+
+def test_tensorboard_dir_env_var_wins(tmp_path, monkeypatch):
+    """$TENSORBOARD_DIR (upstream's variable) is where the event files go, also with no log_dir at all."""
+    pytest.importorskip("tensorboard")
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    with Tracking("p", "e", default_backend=["tensorboard"]) as tracker:
+        tracker.log({"loss": 0.5}, step=1)
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+
+
+def test_check_logger_packages_names_the_package_and_the_extra(monkeypatch):
+    """A backend whose module cannot be found fails the check with the pip package and the `tracking` extra.
+    (The module name is pointed at one that does not exist, so the test does not depend on what is installed.)"""
+    monkeypatch.setitem(tracking.BACKEND_PACKAGES, "swanlab", ("verl_no_such_module_for_test", "swanlab"))
+    with pytest.raises(LoggerPackageMissingError, match=r"'swanlab'.*pip install swanlab .*'\.\[tracking\]'"):
+        check_logger_packages(["console", "file", "swanlab"])
+    check_logger_packages(["console", "file"])  # no package needed
+    with pytest.raises(ValueError, match="not a supported tracking backend"):
+        check_logger_packages(["console", "clearml"])
+
+
+class _Recorder:
+    """A stand-in for a tracker module (swanlab / mlflow are not installed in the test venv): records the calls
+    the backend makes, by the names those packages document, so the arguments can be checked."""
+
+    def __init__(self, *names):
+        self.calls = []
+        for name in names:
+            setattr(self, name, self._recording(name))
+
+    def _recording(self, name):
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+
+        return call
+
+
+def test_swanlab_backend_offline(monkeypatch, tmp_path):
+    """swanlab: project/experiment/config, SWANLAB_MODE and the log dir under <log_dir>/swanlog; numbers only."""
+    fake = _Recorder("login", "init", "log", "finish")
+    monkeypatch.setitem(sys.modules, "swanlab", fake)
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    monkeypatch.delenv("SWANLAB_API_KEY", raising=False)
+    monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
+    with Tracking("proj", "exp", default_backend=["swanlab"], config={"a": 1}, log_dir=str(tmp_path)) as t:
+        t.log({"loss": np.float32(0.5), "note": "text"}, step=3)
+    init = {"project": "proj", "experiment_name": "exp", "config": {"FRAMEWORK": "verl", "a": 1},
+            "logdir": str(tmp_path / "swanlog"), "mode": "offline"}  # fmt: skip
+    assert fake.calls == [("init", (), init), ("log", (), {"data": {"loss": 0.5}, "step": 3}), ("finish", (), {})]
+
+
+def test_mlflow_backend_local_store_and_metric_names(monkeypatch, tmp_path):
+    """mlflow: a local SQLite store under log_dir without MLFLOW_TRACKING_URI, flattened params, `@` -> `_at_`."""
+    fake = _Recorder("set_tracking_uri", "set_experiment", "start_run", "log_params", "log_metrics", "end_run")
+    monkeypatch.setitem(sys.modules, "mlflow", fake)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = {"trainer": {"n_gpus_per_node": 8}, "seed": 1}
+    with Tracking("proj", "exp", default_backend=["mlflow"], config=config, log_dir=str(tmp_path)) as t:
+        t.log({"val-core/gsm8k/reward/mean@4": 0.25}, step=2)
+    assert fake.calls == [
+        ("set_tracking_uri", ("sqlite:///" + str(tmp_path / "mlruns.db"),), {}),
+        ("set_experiment", ("proj",), {}),
+        ("start_run", (), {"run_name": "exp"}),
+        ("log_params", ({"trainer.n_gpus_per_node": "8", "seed": "1"},), {}),
+        ("log_metrics", (), {"metrics": {"val-core/gsm8k/reward/mean_at_4": 0.25}, "step": 2}),
+        ("end_run", (), {}),
+    ]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:///elsewhere")
+    fake.calls.clear()
+    Tracking("proj", "exp", default_backend=["mlflow"]).finish()
+    assert fake.calls[0] == ("set_tracking_uri", ("file:///elsewhere",), {})

@@ -233,6 +233,8 @@ def _assert_same_step(legacy: dict, engine: dict) -> None:
     for group in ("critic_metrics", "actor_metrics"):
         assert engine[group].keys() == legacy[group].keys(), group
         for key, value in legacy[group].items():
+            if key.startswith("perf/"):  # memory of the process/host at that moment: not a result of the maths
+                continue
             assert engine[group][key] == pytest.approx(value, abs=1e-6, rel=0), key
 
 

@@ -1,7 +1,8 @@
 """Entry point: ``python -m verl.trainer.main_ppo [hydra overrides]``.
 
 Everything a user can get wrong in the config is checked here, on the driver, before Ray starts: the device
-(``trainer.device=npu`` without torch_npu/CANN), unknown keys, and the batch-size arithmetic. Then a
+(``trainer.device=npu`` without torch_npu/CANN), a logger whose package is missing, unknown keys, and the
+batch-size arithmetic. Then a
 ``TaskRunner`` Ray actor builds the tokenizer, datasets, reward functions and the :class:`RayPPOTrainer`.
 """
 
@@ -37,10 +38,12 @@ def prepare_config(config: DictConfig) -> DictConfig:
     from verl.trainer.config.legacy_reward import migrate_legacy_reward_impl
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device, validate_device
+    from verl.utils.tracking import check_logger_packages
 
     config = migrate_legacy_reward_impl(config)
     auto_set_device(config)
     validate_device(config.trainer.device)
+    check_logger_packages(config.trainer.logger)  # a missing tracker package fails here, not after the models load
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     return config
 

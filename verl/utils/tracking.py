@@ -5,9 +5,17 @@ Backends, chosen by `trainer.logger` (a list):
 * `file`        JSON lines appended to `<log_dir>/metrics.jsonl`, one object per `log` call:
                 `{"step": 3, "data": {"actor/pg_loss": 0.123, ...}}`. Appending (not truncating) keeps the history
                 of a resumed run; readers keep the last record of a repeated step.
-* `tensorboard` scalars under `<log_dir>/tensorboard` (needs the `tensorboard` package).
+* `tensorboard` scalars under `$TENSORBOARD_DIR` when set (upstream's variable), else `<log_dir>/tensorboard`
+                (needs the `tensorboard` package).
 * `wandb`       Weights & Biases; imported only when selected. `WANDB_MODE=offline` (read by wandb itself) runs
                 it without network; the run directory is `<log_dir>`.
+* `swanlab`     SwanLab. `SWANLAB_API_KEY` (login), `SWANLAB_MODE` (`cloud` [default] | `local` | `offline` |
+                `disabled`) and `SWANLAB_LOG_DIR` [`<log_dir>/swanlog`, else `swanlog`] as upstream.
+* `mlflow`      MLflow. `MLFLOW_TRACKING_URI` when set, else a local SQLite store `<log_dir>/mlruns.db` (no server).
+                MLflow refuses `@` in metric names, so `val-core/x/reward/mean@4` is logged as `.../mean_at_4`.
+
+Every backend but console and file needs a package: :func:`check_logger_packages` (called by main_ppo before Ray
+starts) names the missing one and the extra that installs it, instead of failing after the models are built.
 
 `log_dir` is `trainer.log_dir` when set, else `trainer.default_local_dir` (the run's checkpoint directory), taken
 from `config`; an explicit `log_dir=` argument wins.
@@ -23,13 +31,49 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional, Protocol, Union
 
-__all__ = ["SUPPORTED_BACKENDS", "Tracking", "ValidationGenerationsLogger", "resolve_log_dir"]
+__all__ = [
+    "SUPPORTED_BACKENDS",
+    "LoggerPackageMissingError",
+    "Tracking",
+    "ValidationGenerationsLogger",
+    "check_logger_packages",
+    "resolve_log_dir",
+]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb")
+SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "swanlab", "mlflow")
+# backend -> (importable module, pip package); all of them are in the `tracking` extra.
+BACKEND_PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "swanlab": ("swanlab", "swanlab"),
+    "mlflow": ("mlflow", "mlflow"),
+}
 METRICS_FILE = "metrics.jsonl"
 VAL_GENERATIONS_FILE = "val_generations.jsonl"
+
+
+class LoggerPackageMissingError(ImportError):
+    """A backend in `trainer.logger` whose package is not installed."""
+
+
+def _missing_package_message(name: str) -> str:
+    package = BACKEND_PACKAGES[name][1]
+    return (
+        f"trainer.logger includes {name!r} but the {package} package is not installed: pip install {package} "
+        f"(or pip install -e '.[tracking]', which installs every logger), or remove {name!r} from trainer.logger."
+    )
+
+
+def check_logger_packages(default_backend: Union[str, Sequence[str]]) -> None:
+    """Raise :class:`LoggerPackageMissingError` for the first backend whose package cannot be imported (names
+    checked as well). Cheap (``find_spec``, nothing imported): the driver runs it before starting Ray."""
+    import importlib.util
+
+    for name in _backend_names(default_backend):
+        if name in BACKEND_PACKAGES and importlib.util.find_spec(BACKEND_PACKAGES[name][0]) is None:
+            raise LoggerPackageMissingError(_missing_package_message(name))
 
 
 class _Backend(Protocol):
@@ -115,11 +159,9 @@ class TensorboardBackend:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
-            raise ImportError(
-                "trainer.logger includes 'tensorboard' but the tensorboard package is not installed: "
-                "pip install tensorboard, or remove 'tensorboard' from trainer.logger."
-            ) from exc
-        self.writer = SummaryWriter(log_dir=os.path.join(log_dir, "tensorboard"))
+            raise LoggerPackageMissingError(_missing_package_message("tensorboard")) from exc
+        self.path = os.environ.get("TENSORBOARD_DIR") or os.path.join(log_dir, "tensorboard")
+        self.writer = SummaryWriter(log_dir=self.path)
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         for key, value in data.items():
@@ -138,9 +180,9 @@ class WandbBackend:
         try:
             import wandb
         except ImportError as exc:
-            raise ImportError(
-                "trainer.logger includes 'wandb' (upstream's default is [console, wandb]) but wandb is not installed: "
-                "pip install wandb (WANDB_MODE=offline needs no account), or set trainer.logger=[console,file]."
+            raise LoggerPackageMissingError(
+                _missing_package_message("wandb") + " (upstream's default is [console, wandb]; WANDB_MODE=offline "
+                "needs no account)"
             ) from exc
         self._wandb = wandb
         if log_dir is not None:
@@ -152,6 +194,89 @@ class WandbBackend:
 
     def finish(self) -> None:
         self._wandb.finish()
+
+
+class SwanlabBackend:
+    """SwanLab run; `SWANLAB_MODE=offline` (or `local`) needs no account or network."""
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: Optional[str]):
+        try:
+            import swanlab
+        except ImportError as exc:
+            raise LoggerPackageMissingError(_missing_package_message("swanlab")) from exc
+        self._swanlab = swanlab
+        api_key = os.environ.get("SWANLAB_API_KEY")
+        if api_key:
+            swanlab.login(api_key)
+        run_dir = os.environ.get("SWANLAB_LOG_DIR") or (os.path.join(log_dir, "swanlog") if log_dir else "swanlog")
+        swanlab.init(
+            project=project_name,
+            experiment_name=experiment_name,
+            config={"FRAMEWORK": "verl", **(_plain_config(config) or {})},
+            logdir=run_dir,
+            mode=os.environ.get("SWANLAB_MODE", "cloud"),
+        )
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        self._swanlab.log(data=_numeric_metrics(data), step=step)
+
+    def finish(self) -> None:
+        self._swanlab.finish()
+
+
+class MlflowBackend:
+    """MLflow run: parameters are the flattened config, metrics keyed with `@` spelled `_at_`."""
+
+    _PARAMS_PER_CALL = 100  # MLflow's batch limit for log_params
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: Optional[str]):
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise LoggerPackageMissingError(_missing_package_message("mlflow")) from exc
+        self._mlflow = mlflow
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            store_dir = log_dir or "."
+            os.makedirs(store_dir, exist_ok=True)
+            uri = "sqlite:///" + os.path.abspath(os.path.join(store_dir, "mlruns.db"))
+        self.tracking_uri = uri
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(project_name)
+        self.run = mlflow.start_run(run_name=experiment_name)
+        params = _flatten(_plain_config(config) or {})
+        items = [(k, str(v)[:500]) for k, v in params.items()]
+        for start in range(0, len(items), self._PARAMS_PER_CALL):
+            mlflow.log_params(dict(items[start : start + self._PARAMS_PER_CALL]))
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        metrics = {key.replace("@", "_at_"): value for key, value in _numeric_metrics(data).items()}
+        self._mlflow.log_metrics(metrics=metrics, step=step)
+
+    def finish(self) -> None:
+        self._mlflow.end_run()
+
+
+def _numeric_metrics(data: Mapping[str, Any]) -> dict[str, float]:
+    """Only the numeric values (trackers that plot series reject strings)."""
+    out = {}
+    for key, value in data.items():
+        value = _to_json_value(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[str(key)] = value
+    return out
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (MLflow parameters are flat)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat
 
 
 def _plain_config(config: Any) -> Optional[dict]:
@@ -204,7 +329,11 @@ class Tracking:
             return ConsoleBackend()
         if name == "wandb":
             return WandbBackend(project_name, experiment_name, config, self.log_dir)
-        if self.log_dir is None:
+        if name == "swanlab":
+            return SwanlabBackend(project_name, experiment_name, config, self.log_dir)
+        if name == "mlflow":
+            return MlflowBackend(project_name, experiment_name, config, self.log_dir)
+        if self.log_dir is None and not (name == "tensorboard" and os.environ.get("TENSORBOARD_DIR")):
             raise ValueError(
                 f"trainer.logger includes {name!r}, which writes files, but no directory is known: set trainer.log_dir "
                 f"(or trainer.default_local_dir), or pass log_dir= to Tracking."

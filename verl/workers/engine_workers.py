@@ -21,6 +21,7 @@ log-probs, losses, grad norms and weights.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, replace
 from functools import partial
@@ -32,6 +33,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.debug.performance import memory_metrics, timed
 from verl.utils.device import get_device_id, get_device_name, get_platform
 from verl.utils.py_functional import append_to_dict
 from verl.workers.core.losses import bind_rollout_correction
@@ -299,10 +301,15 @@ class ActorRolloutRefWorker(Worker):
         prompts.meta_info.setdefault("eos_token_id", tokenizer.eos_token_id)
         prompts.meta_info.setdefault("pad_token_id", tokenizer.pad_token_id)
         seed = generation_seed(self.config.actor.engine_config.seed, prompts.meta_info, self._dp_rank)
-        with self.rollout_sharding_manager, get_platform().fork_rng(seed):
+        seconds: dict[str, float] = {}
+        with contextlib.ExitStack() as stack:
+            with timed(seconds, "update_weights"):  # entering syncs the trained weights into the rollout
+                stack.enter_context(self.rollout_sharding_manager)
+            stack.enter_context(get_platform().fork_rng(seed))
             prompts = self.rollout_sharding_manager.preprocess_data(prompts)
             output = self.rollout.generate_sequences(prompts)
             output = self.rollout_sharding_manager.postprocess_data(output)
+        output.meta_info["metrics"] = {"timing_s/update_weights": seconds["update_weights"]}
         return output.to("cpu")
 
     def _log_prob_meta(
@@ -370,6 +377,7 @@ class ActorRolloutRefWorker(Worker):
         metrics = prefixed_engine_metrics(actor.run_mini_batches(batch, actor_update_plan(cfg, self.dp_size)), "actor")
         actor.engine.lr_scheduler_step()
         metrics["actor/lr"] = lr
+        metrics.update(memory_metrics())  # after the update: the step's peak includes optimizer state and grads
         return DataProto(meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------------------------------------ checkpoints

@@ -37,6 +37,7 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.debug.performance import memory_metrics, timed
 from verl.utils.device import (
     get_device_id,
     get_device_name,
@@ -279,10 +280,15 @@ class ActorRolloutRefWorker(Worker):
         prompts.meta_info.setdefault("eos_token_id", tokenizer.eos_token_id)
         prompts.meta_info.setdefault("pad_token_id", tokenizer.pad_token_id)
         seed = generation_seed(self.actor_config.fsdp_config.seed, prompts.meta_info, self.layout.dp_rank)
-        with self.rollout_sharding_manager, get_platform().fork_rng(seed):
+        seconds: dict[str, float] = {}
+        with contextlib.ExitStack() as stack:
+            with timed(seconds, "update_weights"):  # entering syncs the trained weights into the rollout
+                stack.enter_context(self.rollout_sharding_manager)
+            stack.enter_context(get_platform().fork_rng(seed))
             prompts = self.rollout_sharding_manager.preprocess_data(prompts)
             output = self.rollout.generate_sequences(prompts)
             output = self.rollout_sharding_manager.postprocess_data(output)
+        output.meta_info["metrics"] = {"timing_s/update_weights": seconds["update_weights"]}
         return output.to("cpu")
 
     def _log_prob_meta(self, data: DataProto, config: Any) -> None:
@@ -326,6 +332,7 @@ class ActorRolloutRefWorker(Worker):
             metrics = self.actor.update_policy(data)
             metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
             self.actor_lr_scheduler.step()
+        metrics.update(memory_metrics())  # after the update: the step's peak includes optimizer state and grads
         return DataProto(meta_info={"metrics": metrics})
 
     # ------------------------------------------------------------------------------------------------ checkpoints

@@ -182,3 +182,20 @@ def test_packed_input_with_cache_or_mask_is_refused():
         gdn(hidden, object(), verl_cu_seqlens=cu)
     with pytest.raises(ValueError, match="attention_mask=None"):
         gdn(hidden, attention_mask=torch.ones(1, 6), verl_cu_seqlens=cu)
+
+
+def test_patch_report_names_the_gdn_backend(monkeypatch):
+    """The start-up report says which GDN kernels run: torch on the CPU; on an accelerator fla when it imports,
+    else torch with the reason (the rule of verl.ops.backends.select_backend)."""
+    from verl.models.transformers import qwen3_5 as patch_module
+    from verl.ops import backends
+
+    statuses = {s.name: s for s in apply_patches(build_tiny_model("qwen3_5", VOCAB, 0), platform="cpu", report=False)}
+    assert statuses["qwen3_5-varlen-gdn"].line().endswith("; GDN kernels: torch")
+    monkeypatch.setattr(backends, "fla_available", lambda: False)
+    assert patch_module.gdn_backend_note("npu") == (
+        "GDN kernels: torch (fla not importable: pure-torch chunked kernels, exact but slower)"
+    )
+    monkeypatch.setattr(backends, "fla_available", lambda: True)
+    assert patch_module.gdn_backend_note("npu") == "GDN kernels: fla"
+    assert patch_module.gdn_backend_note("npu", backend="torch") == "GDN kernels: torch"

@@ -46,3 +46,4 @@ def test_write_gsm8k_sample_parquet(tmp_path):
         rows[0]["extra_info"]["answer"]
     )
     assert rows[3]["extra_info"]["index"] == 3 and rows[3]["extra_info"]["split"] == "test"
+    assert {row["data_source"] for row in rows} == {"verl_sample/gsm8k_format"}  # not GSM8K: labelled as the sample

@@ -147,7 +147,7 @@ def _apply_one(patch: ModelPatch, model: nn.Module, tf_version: Version) -> Patc
             )
         return PatchStatus(patch.name, "skipped", reason, patch.required)
     try:
-        patch.apply(model)
+        detail = patch.apply(model)
     except PatchSkipped as e:
         return PatchStatus(patch.name, "skipped", str(e), patch.required)
     except Exception as e:
@@ -158,7 +158,9 @@ def _apply_one(patch: ModelPatch, model: nn.Module, tf_version: Version) -> Patc
             ) from e
         logger.warning("optional model patch %r failed; the others still apply", patch.name, exc_info=True)
         return PatchStatus(patch.name, "failed", f"{type(e).__name__}: {e}", patch.required)
-    return PatchStatus(patch.name, "applied", patch.description, patch.required)
+    # a patch may return one line of what it chose (e.g. the kernel backend), appended to its description
+    reason = f"{patch.description}; {detail}" if isinstance(detail, str) and detail else patch.description
+    return PatchStatus(patch.name, "applied", reason, patch.required)
 
 
 def apply_patches(

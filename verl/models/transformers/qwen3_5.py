@@ -290,8 +290,26 @@ def apply_varlen_gdn(model: nn.Module, *, backend: str = "auto") -> int:
     return patched
 
 
-def _apply_varlen_gdn_patch(model: nn.Module) -> None:
+def gdn_backend_note(device_type: str, backend: str = "auto") -> str:
+    """The GDN kernels the patched layers will use on ``device_type``, for the start-up patch report.
+
+    Same rule as :func:`verl.ops.backends.select_backend`: fla (Triton on CUDA, triton-ascend on NPU) where its
+    kernels import, else the pure-torch chunked kernels (exact, slower); the CPU always uses torch.
+    """
+    from verl.ops.backends import fla_available
+
+    if backend == "torch" or device_type not in ("cuda", "npu"):
+        return "GDN kernels: torch"
+    if backend == "fla" or fla_available():
+        return "GDN kernels: fla"
+    return "GDN kernels: torch (fla not importable: pure-torch chunked kernels, exact but slower)"
+
+
+def _apply_varlen_gdn_patch(model: nn.Module) -> str:
+    from verl.utils.platform import get_platform
+
     apply_varlen_gdn(model)
+    return gdn_backend_note(get_platform().device_name)
 
 
 VARLEN_GDN_PATCH = register_patch(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     process_validation_metrics,
     reduce_metrics,
+    validation_metric_dict,
 )
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
@@ -162,6 +164,8 @@ class RayPPOTrainer:
             core_algos.get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
         )
         self.global_steps = 0
+        self._rollout_timing: dict[str, float] = {}
+        self._last_val_metrics: dict[str, float] = {}
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
 
     # ------------------------------------------------------------------ setup
@@ -260,10 +264,14 @@ class RayPPOTrainer:
             config=OmegaConf.to_container(self.config, resolve=True),
         )
         self._load_checkpoint()
+        records: list[tuple[int, dict[str, float]]] = []
         if self.val_reward_fn is not None and trainer_cfg.val_before_train and self.val_dataloader is not None:
-            val_metrics = self._validate()
+            val_metrics = self._timed_validate()
             logger.log(data=val_metrics, step=self.global_steps)
+            records.append((self.global_steps, val_metrics))
             if trainer_cfg.val_only:
+                self._print_final_validation()
+                logger.finish()
                 return val_metrics
         history: list[float] = []
         last_metrics: dict[str, float] = {}
@@ -274,6 +282,7 @@ class RayPPOTrainer:
                 last_metrics = self._train_step(DataProto.from_single_dict(batch_dict))
                 self._after_step(last_metrics)
                 logger.log(data=last_metrics, step=self.global_steps)
+                records.append((self.global_steps, last_metrics))
                 history.append(last_metrics.get("critic/score/mean", float("nan")))
                 progress.set_postfix(score=f"{history[-1]:.3f}")
                 progress.update(1)
@@ -281,6 +290,8 @@ class RayPPOTrainer:
                     break
         progress.close()
         self._print_summary(history)
+        self._print_final_validation()
+        self._write_metrics_plot(records, logger.log_dir)
         logger.finish()
         return last_metrics
 
@@ -319,6 +330,9 @@ class RayPPOTrainer:
             self._update_curriculum(batch)  # 9
         self._dump_rollouts(batch)
         metrics["training/global_step"] = self.global_steps
+        # 0-based epoch of this step; stateless, so it stays right after a resume mid-epoch (drop_last=True).
+        metrics["training/epoch"] = (self.global_steps - 1) // len(self.train_dataloader)
+        timing.update(self._rollout_timing)  # update_weights, measured on the rollout workers inside `gen`
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, n_gpus=self.resource_pool_manager.get_n_gpus()))
@@ -340,6 +354,7 @@ class RayPPOTrainer:
         gen_batch = self._gen_batch(batch)
         gen_batch.meta_info.update(self._gen_meta_info(validate=False))
         gen_output = self.actor_rollout_wg.generate_sequences(gen_batch.repeat(rollout_n, interleave=True))
+        self._rollout_timing = _slowest_rank_timing(gen_output)
         batch = batch.repeat(rollout_n, interleave=True).union(gen_output)
         batch.batch["response_mask"] = compute_response_mask(batch)
         return batch
@@ -428,21 +443,42 @@ class RayPPOTrainer:
         )
 
     # ------------------------------------------------------------------ validation
+    def _timed_validate(self) -> dict[str, float]:
+        """:meth:`_validate` plus ``timing_s/testing``; remembers the result for the final summary."""
+        start = time.perf_counter()
+        metrics = self._validate()
+        self._last_val_metrics = dict(metrics)
+        metrics["timing_s/testing"] = time.perf_counter() - start
+        return metrics
+
     def _validate(self) -> dict[str, float]:
-        """Greedy (or ``val_kwargs``) generation over the validation set, scored by ``val_reward_fn``."""
-        data_sources, scores = [], []
+        """Generation (greedy or ``val_kwargs``) over the validation set, scored by ``val_reward_fn``.
+
+        Every prompt gets ``val_kwargs.n`` responses; the metrics are upstream's: ``val-core/<source>/<var>/
+        mean@N`` (and ``best@N``/``maj@N`` when N > 1), the rest (std, worst, smaller n, extra variables the reward
+        function reports) under ``val-aux/``.
+        """
+        data_sources: list[str] = []
+        uids: list[str] = []
+        infos: dict[str, list] = {"reward": []}
+        n = self.config.actor_rollout_ref.rollout.val_kwargs.n
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
             gen_batch = self._gen_batch(batch)
             gen_batch.meta_info.update(self._gen_meta_info(validate=True))
-            n = self.config.actor_rollout_ref.rollout.val_kwargs.n
             output = self._generate_padded(gen_batch.repeat(n, interleave=True))
+            output.meta_info.pop("metrics", None)
             batch = batch.repeat(n, interleave=True).union(output)
             batch.batch["response_mask"] = compute_response_mask(batch)
             result = self.val_reward_fn(batch, return_dict=True)
-            scores.extend(result["reward_tensor"].sum(-1).tolist())
+            infos["reward"].extend(result["reward_tensor"].sum(-1).tolist())
+            for key, values in result.get("reward_extra_info", {}).items():
+                infos.setdefault(key, []).extend(list(values))
             data_sources.extend(batch.non_tensor_batch["data_source"].tolist())
-        return process_validation_metrics(data_sources, scores)
+            uids.extend(batch.non_tensor_batch["uid"].tolist())
+        infos = {key: values for key, values in infos.items() if _reportable(values, len(uids))}
+        return validation_metric_dict(process_validation_metrics(data_sources, uids, infos))
 
     def _generate_padded(self, gen_batch: DataProto) -> DataProto:
         """Generate for a batch whose size need not divide the worker count (pad, generate, unpad)."""
@@ -456,14 +492,16 @@ class RayPPOTrainer:
         trainer_cfg = self.config.trainer
         is_last = self.global_steps >= self.total_training_steps
         if trainer_cfg.save_freq > 0 and (self.global_steps % trainer_cfg.save_freq == 0 or is_last):
+            start = time.perf_counter()
             self._save_checkpoint()
+            metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
         if (
             self.val_reward_fn is not None
             and self.val_dataloader is not None
             and trainer_cfg.test_freq > 0
             and (self.global_steps % trainer_cfg.test_freq == 0 or is_last)
         ):
-            metrics.update(self._validate())
+            metrics.update(self._timed_validate())
 
     def _dump_rollouts(self, batch: DataProto) -> None:
         out_dir = self.config.trainer.rollout_data_dir
@@ -522,3 +560,50 @@ class RayPPOTrainer:
             f"of the last {window} steps {last:.3f} (Δ {last - first:+.3f})",
             flush=True,
         )
+
+    def _print_final_validation(self) -> None:
+        """The last validation's headline numbers (``val-core``), one per line, after the run."""
+        core = {k: v for k, v in self._last_val_metrics.items() if k.startswith("val-core/")}
+        if not core:
+            return
+        lines = [f"  {name}: {value:.4f}" for name, value in sorted(core.items())]
+        print("[verl] final validation metrics:\n" + "\n".join(lines), flush=True)
+
+    def _write_metrics_plot(self, records: list[tuple[int, dict[str, float]]], log_dir: str | None) -> None:
+        """``<log_dir>/metrics.png``: reward and the key metrics per step, from ``metrics.jsonl`` when the file
+        logger wrote one, else from this run's records (skipped, said once, without matplotlib)."""
+        from verl.utils.plot_metrics import PlotUnavailableError, write_metrics_png
+
+        if log_dir is None or not records:
+            return
+        from verl.utils.plot_metrics import read_metrics_jsonl
+        from verl.utils.tracking import METRICS_FILE
+
+        history_file = Path(log_dir) / METRICS_FILE
+        if history_file.is_file():  # the whole run, also the steps before a resume
+            records = read_metrics_jsonl(history_file)
+        try:
+            path = write_metrics_png(records, Path(log_dir) / "metrics.png", title=self.config.trainer.experiment_name)
+        except PlotUnavailableError as exc:
+            print(f"[verl] no metrics plot: {exc}", flush=True)
+            return
+        print(f"[verl] metrics plot: {path}", flush=True)
+
+
+def _slowest_rank_timing(output: DataProto) -> dict[str, float]:
+    """``{"update_weights": s}`` from the rollout workers' metrics (the slowest rank: the step waits for it)."""
+    per_rank = output.meta_info.pop("metrics", {}).get("timing_s/update_weights")
+    if not per_rank:
+        return {}
+    values = per_rank if isinstance(per_rank, list | tuple) else [per_rank]
+    return {"update_weights": float(max(values))}
+
+
+def _reportable(values: list, num_samples: int) -> bool:
+    """A validation variable with one value per response that is all numbers (averaged) or all strings (``pred``,
+    used for majority voting)."""
+    if len(values) != num_samples or num_samples == 0:
+        return False
+    if all(isinstance(v, str) for v in values):
+        return True
+    return all(isinstance(v, int | float | np.number | np.bool_) for v in values)

@@ -20,6 +20,9 @@ import pyarrow.parquet as pq
 from verl.utils.reward_score.math_reward import last_boxed_only_string, remove_boxed
 
 GSM8K_SOURCE = "openai/gsm8k"
+# The shipped 64 + 16 problem sample is in GSM8K's format but is not GSM8K: its own label keeps a validation score
+# on it from being read (or compared) as a GSM8K score. Scored by the same gsm8k rule.
+GSM8K_SAMPLE_SOURCE = "verl_sample/gsm8k_format"
 MATH_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 GEO3K_SOURCE = "hiyouga/geometry3k"
 AIME_SOURCE = "aime2024"
@@ -59,12 +62,13 @@ def extract_gsm8k_answer(answer: str, where: str = "record") -> str:
     return match.group(1).replace(",", "")
 
 
-def gsm8k_row(example: dict, index: int, split: str) -> dict:
-    """GSM8K ``{question, answer}`` -> RL row (ground truth = the number after ``####``)."""
+def gsm8k_row(example: dict, index: int, split: str, data_source: str = GSM8K_SOURCE) -> dict:
+    """GSM8K ``{question, answer}`` -> RL row (ground truth = the number after ``####``); ``data_source`` is
+    ``openai/gsm8k`` for the real dataset, :data:`GSM8K_SAMPLE_SOURCE` for the shipped sample."""
     where = f"{split} record {index}"
     question, answer = _field(example, ("question",), where), _field(example, ("answer",), where)
     return {
-        "data_source": GSM8K_SOURCE,
+        "data_source": data_source,
         "prompt": user_prompt(f"{question} {GSM8K_INSTRUCTION}"),
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": extract_gsm8k_answer(answer, where)},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import verl
-from verl.utils.dataset.preprocess import build_rows, gsm8k_row, read_jsonl, write_parquet
+from verl.utils.dataset.preprocess import GSM8K_SAMPLE_SOURCE, build_rows, gsm8k_row, read_jsonl, write_parquet
 
 GSM8K_SAMPLE_DIR = os.path.join(os.path.dirname(verl.__file__), "data", "gsm8k_sample")
 GSM8K_SAMPLE_SPLITS = ("train", "test")
@@ -29,7 +29,8 @@ def write_gsm8k_sample_parquet(save_dir: str) -> dict[str, str]:
     save_dir = os.path.expanduser(save_dir)
     return {
         split: write_parquet(
-            build_rows(load_gsm8k_sample(split), split, gsm8k_row), os.path.join(save_dir, f"{split}.parquet")
+            build_rows(load_gsm8k_sample(split), split, gsm8k_row, data_source=GSM8K_SAMPLE_SOURCE),
+            os.path.join(save_dir, f"{split}.parquet"),
         )
         for split in GSM8K_SAMPLE_SPLITS
     }

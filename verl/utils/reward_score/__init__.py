@@ -6,7 +6,7 @@ row's ``data_source`` column (the one the preprocessing scripts in ``examples/da
 ==========================================================  ===============================================
 data_source                                                 scorer
 ==========================================================  ===============================================
-``openai/gsm8k``                                            ``gsm8k`` (``#### <number>``, strict)
+``openai/gsm8k``, ``verl_sample/gsm8k_format``               ``gsm8k`` (``#### <number>``, strict)
 ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``,  ``math_reward`` (last ``\\boxed{}``, MATH normalisation)
 ``HuggingFaceH4/MATH-500``
 ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*``  ``math_dapo`` (dict with score / acc / pred)
@@ -25,7 +25,8 @@ __all__ = ["default_compute_score", "_default_compute_score", "get_default_compu
 
 _MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 _DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
-SUPPORTED_DATA_SOURCES = ("openai/gsm8k", *_MATH_SOURCES, *_DAPO_SOURCES, "aime*", "hiyouga/geometry3k")
+_GSM8K_SOURCES = ("openai/gsm8k", "verl_sample/gsm8k_format")  # the dataset, and the shipped sample in its format
+SUPPORTED_DATA_SOURCES = (*_GSM8K_SOURCES, *_MATH_SOURCES, *_DAPO_SOURCES, "aime*", "hiyouga/geometry3k")
 
 # Upstream scores these with scorers verl-ascend does not ship (code sandboxes, PRIME, Search-R1); named here so
 # the error can say so instead of claiming the source is unknown.
@@ -80,7 +81,7 @@ def _normalise_result(result: Any) -> float | dict:
 
 def _dispatch(data_source: str, solution_str: str, ground_truth: Any) -> Any:
     """Raw scorer result for a supported ``data_source``; raises NotImplementedError otherwise."""
-    if data_source == "openai/gsm8k":
+    if data_source in _GSM8K_SOURCES:
         from verl.utils.reward_score import gsm8k
 
         return gsm8k.compute_score(solution_str, ground_truth)

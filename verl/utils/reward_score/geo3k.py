@@ -1,42 +1,39 @@
 """Geometry3K rule reward: ``0.9 * accuracy + 0.1 * format`` (upstream ``verl.utils.reward_score.geo3k``).
 
 * format: the response is ``<think>...</think>`` followed by text containing ``\\boxed{...}``;
-* accuracy: the last boxed content graded against the ground truth.
-
-Upstream grades with the ``mathruler`` package, which is not installed here. Grading is done instead by
-MATH-style string normalisation (``math_reward.strip_string``) and, when the strings differ, ``math-verify``
-symbolic equality (``2\\sqrt{3}`` == ``\\sqrt{12}``).
+* accuracy: the last boxed content graded against the ground truth by the ``mathruler`` package's grader, as
+  upstream does, so geo3k rewards are comparable with upstream runs (mathruler normalises MATH-style, then
+  checks sympy equality; its LaTeX parsing needs ``pylatexenc``; both are dependencies).
 """
 
 from __future__ import annotations
 
 import re
 
-from verl.utils.reward_score.math_reward import last_boxed_only_string, remove_boxed, strip_string
-from verl.utils.reward_score.math_verify import is_equivalent
-
 _FORMAT_PATTERN = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 
 
-def extract_boxed_content(predict_str: str) -> str | None:
-    """Contents of the last ``\\boxed{}`` in ``predict_str``; None when there is none."""
-    boxed = last_boxed_only_string(predict_str)
-    if boxed is None:
-        return None
+def _grader():
     try:
-        return remove_boxed(boxed)
-    except ValueError:
-        return None
+        from mathruler import grader
+    except ImportError as exc:  # a dependency; a broken install should say what to install
+        raise ImportError(
+            "the geo3k reward grades with mathruler (as upstream): pip install mathruler pylatexenc"
+        ) from exc
+    return grader
+
+
+def extract_boxed_content(predict_str: str) -> str:
+    """Contents of the last ``\\boxed{}`` in ``predict_str``; mathruler's string ``"None"`` when there is none
+    (kept as upstream has it: it is graded like any other answer)."""
+    return _grader().extract_boxed_content(predict_str)
 
 
 def grade_answer(given_answer: str | None, ground_truth: str) -> bool:
-    """True when the answer equals the ground truth after normalisation or symbolically."""
+    """mathruler's verdict on ``given_answer`` against ``ground_truth``."""
     if given_answer is None:
         return False
-    given, truth = strip_string(given_answer.strip()), strip_string(str(ground_truth).strip())
-    if not given:
-        return False
-    return given == truth or is_equivalent(given, truth)
+    return bool(_grader().grade_answer(given_answer, str(ground_truth)))
 
 
 def format_reward(predict_str: str) -> float:
