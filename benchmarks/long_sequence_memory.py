@@ -4,8 +4,10 @@
     python benchmarks/long_sequence_memory.py --lengths 131072 --sp 2 --offload off   # one point (the 128K run)
     python benchmarks/long_sequence_memory.py --quick                # 2K and 4K (smoke test, seconds)
 
-Model: a tiny Qwen3.5-MoE widened to hidden 256 ([GDN, GDN, GDN, full attention], 4 attention heads / 2 KV
-heads, 4 GDN key / 8 value heads, 4 experts), fp32, sdpa attention with the platform's patches (the packed
+Model (``--model``): ``tiny``, the project's tiny Qwen3.5-MoE (``verl.models.tiny``: hidden 64, [GDN, GDN, GDN,
+full attention], 4 attention heads / 2 KV heads of 16 dims, 2 GDN key / 4 value heads, 4 experts top-2), or
+``wide``, the same widened to hidden 256 (heads of 64 dims, 4 / 8 GDN heads of 32, experts 256 wide); vocab 4096,
+fp32, sdpa attention with the platform's patches (the packed
 attention runs per ``cu_seqlens`` segment, ``verl.models.transformers.varlen_attention``), gradient checkpointing
 on. Batch: four sequences of uneven lengths (T/2+1, T/4, T/8, rest) packed into one row.
 
@@ -55,24 +57,25 @@ def _reset_peak() -> bool:
         return False
 
 
-def _model():
+# The project's tiny Qwen3.5-MoE (verl.models.tiny) and the same widened to hidden 256 (the earlier SP benchmark).
+_WIDE = dict(
+    hidden_size=256,
+    head_dim=64,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    moe_intermediate_size=256,
+    shared_expert_intermediate_size=256,
+)
+MODELS = {"tiny": {}, "wide": _WIDE}
+
+
+def _model(name: str):
     from verl.models.tiny import build_tiny_model
     from verl.models.transformers.patch_registry import apply_patches
 
-    model = build_tiny_model(
-        "qwen3_5_moe",
-        vocab_size=4096,
-        hidden_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        linear_num_key_heads=4,
-        linear_num_value_heads=8,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
-        moe_intermediate_size=256,
-        shared_expert_intermediate_size=256,
-    )
+    model = build_tiny_model("qwen3_5_moe", vocab_size=4096, max_position_embeddings=262_144, **MODELS[name])
     apply_patches(model, platform="cpu", report=False)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
@@ -108,21 +111,20 @@ def _cap_address_space(cap_gib: float) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def _rank(
-    rank: int, sp: int, tokens: int, offload: bool, cap_gib: float, threads: int, out_dir: str, init_file: str
-) -> None:
+def _rank(rank: int, point: dict, out_dir: str, init_file: str) -> None:
+    sp, tokens, offload = point["sp"], point["tokens"], point["offload"]
     import torch
     import torch.distributed as dist
 
     from verl.utils.activation_offload import enable_activation_offloading
 
-    _cap_address_space(cap_gib)
-    torch.set_num_threads(threads)
+    _cap_address_space(point["cap_gib"])
+    torch.set_num_threads(point["threads"])
     group = None
     if sp > 1:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=sp)
         group = dist.new_group(list(range(sp)))
-    model = _model()
+    model = _model(point["model"])
     if offload:
         enable_activation_offloading(model, "fsdp2", enable_ckpt=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -143,17 +145,17 @@ def _rank(
         dist.destroy_process_group()
 
 
-def worker(sp: int, tokens: int, offload: bool, cap_gib: float, threads: int) -> dict:
+def worker(point: dict) -> dict:
     """One measurement in this (fresh) process: SP 1 inline, SP > 1 as spawned gloo ranks."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        args = (sp, tokens, offload, cap_gib, threads, tmp, init_file)
+        sp = point["sp"]
         if sp == 1:
-            _rank(0, *args)
+            _rank(0, point, tmp, init_file)
         else:
-            mp.spawn(_rank, args=args, nprocs=sp, join=True)
+            mp.spawn(_rank, args=(point, tmp, init_file), nprocs=sp, join=True)
         ranks = []
         for rank in range(sp):
             with open(os.path.join(tmp, f"{rank}.json")) as f:
@@ -167,9 +169,9 @@ def worker(sp: int, tokens: int, offload: bool, cap_gib: float, threads: int) ->
     }
 
 
-def _measure(sp: int, tokens: int, offload: bool, cap_gib: float, threads: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, __file__, "--worker", str(sp), str(tokens), str(int(offload)), str(cap_gib), str(threads)]
+def _measure(point: dict) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(point["threads"])}
+    cmd = [sys.executable, __file__, "--worker", json.dumps(point)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
@@ -200,13 +202,11 @@ def main() -> None:
     parser.add_argument("--offload", choices=["off", "on", "both"], default="both")
     parser.add_argument("--cap-gib", type=float, default=12.0, help="address-space cap per process (RLIMIT_AS)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (ms / token is CPU time)")
-    parser.add_argument(
-        "--worker", nargs=5, metavar=("SP", "TOKENS", "OFFLOAD", "CAP", "THREADS"), help=argparse.SUPPRESS
-    )
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    parser.add_argument("--worker", metavar="POINT_JSON", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        sp, tokens, offload, cap, threads = args.worker
-        print(json.dumps(worker(int(sp), int(tokens), bool(int(offload)), float(cap), int(threads))))
+        print(json.dumps(worker(json.loads(args.worker))))
         return
     lengths = [2048, 4096] if args.quick else args.lengths
     offloads = {"off": [False], "on": [True], "both": [False, True]}[args.offload]
@@ -217,7 +217,8 @@ def main() -> None:
         for offload in offloads:
             base = None
             for tokens in lengths:
-                r = _measure(sp, tokens, offload, args.cap_gib, args.threads)
+                point = dict(sp=sp, tokens=tokens, offload=offload, model=args.model)
+                r = _measure(dict(point, cap_gib=args.cap_gib, threads=args.threads))
                 _print_row(tokens, sp, offload, r, base)
                 if base is None and not r.get("over_cap"):
                     base = r["peak_extra"] / tokens
