@@ -15,7 +15,8 @@ instances carry a varlen attention (this patch, or ``npu-fusion-attention``); Ul
 Models that build their mask unconditionally (Llama, Qwen3-MoE here) are skipped with that reason.
 
 The strategy for sequences longer than one chunk comes from the device contract
-(:attr:`verl.utils.platform.base.Platform.long_segment_attention`): one patch per platform that has one.
+(:attr:`verl.utils.platform.base.Platform.long_segment_attention`): one patch per platform that has one,
+registered by :mod:`verl.models.transformers.varlen_attention_patches` (importing this module registers nothing).
 """
 
 from __future__ import annotations
@@ -28,16 +29,15 @@ import torch
 import torch.nn as nn
 
 from verl.models.transformers.forward_globals import FORWARD_GLOBALS_ATTR, innermost, rebind_forward_globals
-from verl.models.transformers.patch_registry import ModelPatch, PatchSkipped, register_patch
+from verl.models.transformers.patch_registry import PatchSkipped
 from verl.ops.varlen_attention import varlen_causal_attention
-from verl.utils.platform.registry import PlatformRegistry
 
 __all__ = ["VARLEN_ATTENTION_ATTR", "apply_varlen_attention", "lean_varlen_attention", "packed_mask_mapping"]
 
 # Set on an attention instance whose attention function runs packed input from cu_seq_lens_q alone (no mask needed).
 VARLEN_ATTENTION_ATTR = "_verl_varlen_attention"
 _MAPPING_ATTR = "_verl_accepts_mask_mapping"
-_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 # Layer types whose mask is either the causal one this attention replaces or the recurrent one that is None anyway.
 _MASK_FREE_LAYER_TYPES = {"full_attention", "linear_attention"}
 
@@ -159,22 +159,3 @@ def packed_mask_mapping(model: nn.Module) -> dict[str, None] | None:
     if not _accepts_mask_mapping(model):
         return None
     return dict.fromkeys(sorted(layer_types))
-
-
-def _register_platform_patches() -> None:
-    for platform_name in PlatformRegistry.names():
-        strategy = PlatformRegistry.platform_class(platform_name).long_segment_attention
-        if strategy is None:
-            continue
-        register_patch(
-            ModelPatch(
-                name=f"varlen-attention-{platform_name}",
-                model_types=_MODEL_TYPES,
-                platforms=(platform_name,),
-                apply=functools.partial(apply_varlen_attention, long_segments=strategy),
-                description=f"packed sdpa/eager attention per cu_seqlens segment, no T x T mask (long: {strategy})",
-            )
-        )
-
-
-_register_platform_patches()
