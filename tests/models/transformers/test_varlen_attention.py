@@ -152,3 +152,47 @@ def test_padded_and_generation_paths_keep_the_configured_attention():
         b = copy.deepcopy(plain)(input_ids=ids, attention_mask=mask, use_cache=False).logits
     valid = mask.bool()
     assert (a[valid] - b[valid]).abs().max().item() <= 1e-5
+
+
+def _sp_rank(rank: int, init_file: str, out_dir: str) -> None:
+    """Both SP 2 ranks: one packed forward + backward of two ~1,024-token sequences with the lean attention and
+    with the mask path, recording the largest tensors of each."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    group = dist.new_group([0, 1])
+    ids, mask = _batch([TOKENS // 2, TOKENS // 2 - 2])
+    packed = pack_padded_batch(ids, mask)
+    result = {}
+    try:
+        for lean in (True, False):
+            model = _model(lean=lean)
+            recorder = _LargestTensors()
+            with torch.autograd.graph.saved_tensors_hooks(recorder.saved, lambda t: t), recorder:
+                forward_packed(model, packed, return_hidden=True, ulysses_group=group).sum().backward()
+            result["lean" if lean else "mask"] = [recorder.largest_output[0], recorder.largest_saved[0]]
+        result["tokens"] = packed.total_tokens
+        with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.dist
+def test_ulysses_sp2_has_no_quadratic_tensor(tmp_path):
+    """SP 2 (the all-to-all swaps to heads and the attention sees the whole 2,046-token stream): no op output or
+    saved tensor reaches T^2 with the lean attention; the mask path (Ulysses' whole-stream mask) does."""
+    import json
+
+    from verl.utils.testing.dist import spawn
+
+    spawn(_sp_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        result = json.loads((tmp_path / f"{rank}.json").read_text())
+        total = result["tokens"]
+        assert max(result["lean"]) < total**2, result
+        assert result["mask"][0] >= total**2, result
