@@ -5,7 +5,8 @@
      prompts (parquet → RLHFDataset → DataProto)
        │ 1 generate        actor_rollout.generate_sequences      (hf | vllm; weights synced by the worker)
        │ 2 reward          reward_fn(batch) → token_level_scores
-       │ 3 old log-prob    actor_rollout.compute_log_prob        (+ entropy metric, rollout-vs-actor gap)
+       │ 3 old log-prob    actor_rollout.compute_log_prob        (+ entropy metric, rollout-vs-actor gap;
+       │                                                         skipped when provably on-policy: on_policy.py)
        │ 4 ref log-prob    ref.compute_ref_log_prob              (if KL is used)
        │ 5 values          critic.compute_values                 (if GAE)
        │ 6 advantages      core_algos estimator by name          (driver, CPU)
@@ -45,6 +46,7 @@ from verl.trainer.ppo.metric_utils import (
     process_validation_metrics,
     reduce_metrics,
 )
+from verl.trainer.ppo.on_policy import old_log_prob_skip_blocker
 from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
 from verl.trainer.ppo.worker_groups import ActorRolloutRefGroup, CriticGroup
 from verl.utils.debug.metrics import calculate_rollout_probs_diff_metrics
@@ -159,6 +161,8 @@ class RayPPOTrainer:
             core_algos.get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
         )
         self.global_steps = 0
+        # None: step 3 is skipped, old_log_probs = the update's own forward (exact here; see on_policy.py).
+        self.old_log_prob_skip_blocker = old_log_prob_skip_blocker(config)
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
 
     # ------------------------------------------------------------------ setup
@@ -288,8 +292,9 @@ class RayPPOTrainer:
                 batch = self._generate(batch)  # 1
             with marked_timer("reward", timing):
                 self._compute_reward(batch, metrics)  # 2
-            with marked_timer("old_log_prob", timing):
-                self._compute_old_log_prob(batch, metrics)  # 3
+            if self.old_log_prob_skip_blocker is not None:
+                with marked_timer("old_log_prob", timing):
+                    self._compute_old_log_prob(batch, metrics)  # 3 (else: the update's first forward, on_policy.py)
             if self.use_reference_policy:
                 with marked_timer("ref", timing):
                     batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))  # 4
