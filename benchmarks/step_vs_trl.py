@@ -65,8 +65,10 @@ MATCHED = [
 ]
 UNMATCHED = [
     "process layout: this project runs a Ray driver + one worker process (as `make quickstart` does); TRL one process",
-    "old log-prob: this project's default recomputes it (an extra no-grad forward) unless "
-    "actor.skip_old_log_prob_when_on_policy applies; TRL skips it when num_iterations=1",
+    "old log-prob: skipped on both sides here (this project: actor.skip_old_log_prob_on_policy, on where exact; "
+    "TRL: num_iterations=1); `actor_rollout_ref.actor.skip_old_log_prob_on_policy=False` measures the extra pass",
+    "model code: TRL runs the stock HF Qwen3.5-MoE forward (torch fallbacks of the GDN kernels); this project its "
+    "patched packed forward (varlen GDN kernels in torch)",
     "group std: this project uses torch.std (unbiased) per group, TRL too; eps 1e-6 (verl) vs 1e-4 (TRL)",
     "sampling RNG streams differ, so the sampled responses differ (the learning curves are compared, not tokens)",
     "TRL pads prompts per batch and runs the model on the padded (64, L) batch; this project packs (use_remove_padding)",
