@@ -192,3 +192,18 @@ def test_fsdp_step_equals_single_process(dist_steps, strategy):
     for key, value in ref_state.items():
         torch.testing.assert_close(out["state"][key], value, rtol=0, atol=1e-6, msg=key)
         assert torch.equal(out["again"][key], out["state"][key]), key
+
+
+def test_layer_classes_resolve_after_fsdp2_renamed_them():
+    """FSDP2's fully_shard swaps a layer's class for a subclass named FSDP<name>; resolving <name> afterwards (what
+    activation offload does on the wrapped model) still finds the layer class, and isinstance covers the subclass."""
+    from verl.utils.fsdp_wrap_policy import get_module_class_from_name, resolve_wrap_classes
+
+    class DecoderLayer(torch.nn.Linear):
+        pass
+
+    renamed = type("FSDPDecoderLayer", (DecoderLayer,), {})
+    model = torch.nn.Sequential(renamed(2, 2), torch.nn.ReLU())
+    assert get_module_class_from_name(model, "DecoderLayer") is DecoderLayer
+    classes = tuple(resolve_wrap_classes(model, ["DecoderLayer"], "test"))
+    assert [m for m in model.modules() if isinstance(m, classes)] == [model[0]]

@@ -27,10 +27,14 @@ __all__ = [
 
 
 def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] | None:
-    """The class of the first submodule of ``module`` (itself included) whose class name is ``name``, else None."""
+    """The class named ``name`` of the first submodule of ``module`` (itself included) that is one, else None.
+
+    The class's bases count: FSDP2's ``fully_shard`` swaps a module's class for a subclass named ``FSDP<name>``,
+    and code resolving layer classes after wrapping (activation offload) must still find ``<name>``."""
     for sub in module.modules():
-        if type(sub).__name__ == name:
-            return type(sub)
+        for cls in type(sub).__mro__:
+            if cls.__name__ == name:
+                return cls
     return None
 
 

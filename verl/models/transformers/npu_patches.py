@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from verl.models.transformers.forward_globals import innermost, rebind_forward_globals
 from verl.models.transformers.patch_registry import ModelPatch, PatchSkipped, register_patch
+from verl.models.transformers.varlen_attention import VARLEN_ATTENTION_ATTR
 from verl.utils.platform.npu import import_torch_npu
 
 __all__ = ["FAMILIES", "NPU_PATCHES", "NPUGroupedMatmul"]
@@ -357,6 +358,8 @@ def apply_npu_fusion_attention(model: nn.Module) -> None:
             )
         rebind_forward_globals(module, **replacements)
         _mark(module, "npu-fusion-attention")
+        if not getattr(module, "sliding_window", None) and getattr(module, "is_causal", True):
+            object.__setattr__(module, VARLEN_ATTENTION_ATTR, True)  # packed input needs no T x T mask
 
 
 # ---- grouped-matmul MoE ----------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import torch.nn as nn
 from torch.distributed import ProcessGroup
 
 from verl.models.transformers.ulysses import ULYSSES_KWARG, UlyssesContext, prepare_model_for_ulysses
+from verl.models.transformers.varlen_attention import packed_mask_mapping
 from verl.utils.packing import PackedBatch, validate_cu_seqlens
 from verl.utils.ulysses import (
     all_gather_tensor,
@@ -116,14 +117,13 @@ def forward_packed(
     group = ulysses_group if ulysses_group is not None else get_ulysses_sequence_parallel_group()
     if get_ulysses_sequence_parallel_world_size(group) > 1:
         return _forward_packed_ulysses(model, packed, group, return_hidden, multimodal_inputs)
+    text_only = not any(multimodal_inputs.get(k) is not None for k in _VISION_INPUTS)
     kwargs = dict(
         input_ids=packed.input_ids.contiguous(),
         position_ids=packed.position_ids.contiguous(),
-        attention_mask=None,
+        attention_mask=packed_mask_mapping(_unwrap(model)) if text_only else None,
         use_cache=False,
-        **packed_attention_kwargs(
-            packed, flash_kwargs=not any(multimodal_inputs.get(k) is not None for k in _VISION_INPUTS)
-        ),
+        **packed_attention_kwargs(packed, flash_kwargs=text_only),
         **multimodal_inputs,
     )
     return _call(model, kwargs, return_hidden)
@@ -164,7 +164,8 @@ def _forward_packed_ulysses(
             max_length_k=shard.max_seqlen,
             **multimodal_inputs,
         )
-    kwargs.update(attention_mask=None, use_cache=False)
+    text_only = not any(multimodal_inputs.get(k) is not None for k in _VISION_INPUTS)
+    kwargs.update(attention_mask=packed_mask_mapping(_unwrap(model)) if text_only else None, use_cache=False)
     kwargs.update({PACKED_CU_SEQLENS_KWARG: shard.cu_seqlens, ULYSSES_KWARG: context})
     try:
         result = _call(model, kwargs, return_hidden)

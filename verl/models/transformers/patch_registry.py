@@ -36,6 +36,7 @@ ALL_PLATFORMS = ("cpu", "cuda", "npu")
 _BUILTIN_PATCH_MODULES = (
     "verl.models.transformers.qwen3_5",
     "verl.models.transformers.npu_patches",
+    "verl.models.transformers.varlen_attention_patches",  # after npu_patches: a fused NPU attention takes precedence
 )
 
 

@@ -34,6 +34,7 @@ import torch.nn as nn
 from torch.distributed import ProcessGroup
 
 from verl.models.transformers.forward_globals import FORWARD_GLOBALS_ATTR, innermost, rebind_forward_globals
+from verl.models.transformers.varlen_attention import VARLEN_ATTENTION_ATTR
 from verl.utils.packing import seq_idx_from_cu_seqlens
 from verl.utils.ulysses import UlyssesShard, gather_heads_scatter_seq, gather_seq_scatter_heads
 
@@ -170,7 +171,9 @@ def ulysses_attention(
         max_length_q=ctx.max_seqlen,
         max_length_k=ctx.max_seqlen,
     )
-    mask = ctx.attention_mask(implementation, q.dtype, q.device)
+    # an attention that runs packed input from cu_seqlens (verl.models.transformers.varlen_attention) needs no mask
+    varlen = getattr(module, VARLEN_ATTENTION_ATTR, False)
+    mask = None if varlen else ctx.attention_mask(implementation, q.dtype, q.device)
     groups = q.shape[1] // k.shape[1]
     target = module if groups == getattr(module, "num_key_value_groups", groups) else _HeadsView(module, groups)
     out, _ = inner(target, q, k, v, mask, **kwargs)  # (1, T_pad, heads / sp, d)

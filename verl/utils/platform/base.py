@@ -32,6 +32,11 @@ class Platform:
         profiler_activity: ``torch.profiler.ProfilerActivity`` member that records this device's kernels
             (``"CUDA"``; ``"PrivateUse1"`` for out-of-tree devices such as Ascend), None when the CPU activity
             covers it.
+        long_segment_attention: how the memory-lean packed attention (``verl.ops.varlen_attention``) runs a
+            sequence longer than one chunk: ``"sdpa"`` where torch's fused ``scaled_dot_product_attention`` keeps
+            only O(T) state for backward (the CPU flash kernel), ``"chunked"`` (blocked online softmax in plain
+            torch ops) elsewhere; None where the model's configured attention (flash-attention, a fused NPU
+            kernel) already runs packed input without a ``T x T`` mask, so the lean attention is not installed.
     """
 
     device_name: str = ""
@@ -42,6 +47,7 @@ class Platform:
     ray_noset_envvars: tuple[str, ...] = ()
     vllm_sleep_level: int = 2
     profiler_activity: str | None = None
+    long_segment_attention: str | None = None
 
     # ---- availability -------------------------------------------------------------------------------------
 

@@ -60,6 +60,8 @@ class CpuPlatform(Platform):
     visible_devices_envvar = None
     ray_resource_name = "CPU"
     ray_noset_envvars = ()
+    # torch's CPU flash-attention kernel (chosen by sdpa for is_causal without a mask) saves out + log-sum-exp only
+    long_segment_attention = "sdpa"
 
     def __init__(self) -> None:
         self._module: Any = None

@@ -73,6 +73,8 @@ class NpuPlatform(Platform):
     ray_resource_name = "NPU"
     vllm_sleep_level = 1  # vllm-ascend implements level 1 only
     profiler_activity = "PrivateUse1"
+    # without torch_npu's fused attention (npu-fusion-attention patch skipped), the portable blocked kernel
+    long_segment_attention = "chunked"
     ray_noset_envvars = ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",)
 
     def is_torch_npu_importable(self) -> bool:

@@ -45,6 +45,11 @@ class PlatformRegistry:
         return tuple(cls._classes)
 
     @classmethod
+    def platform_class(cls, name: str) -> type[Platform]:
+        """The class registered under ``name`` (its class attributes describe the device without creating it)."""
+        return cls._classes[normalize_platform_name(name)]
+
+    @classmethod
     def create(cls, name: str) -> Platform:
         return cls._classes[normalize_platform_name(name)]()
 
