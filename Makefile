@@ -11,7 +11,7 @@ PIP_FLAGS := -q --disable-pip-version-check -c constraints-cpu.txt
 # OMP_NUM_THREADS=1: 2-thread torch slows ~5x when anything else uses a core (see cpu_environment.md).
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1
 
-.PHONY: venv venv-vllm quickstart quickstart-vllm test test-fast test-vllm lint bench clean
+.PHONY: venv venv-vllm quickstart quickstart-vllm test test-fast test-vllm lint bench bench-trl clean
 
 $(VENV)/.installed: setup.py constraints-cpu.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,19 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(TEST_ENV) $(VENV)/bin/python benchmarks/logprob_memory.py
+
+# This project's GRPO step vs TRL's GRPOTrainer (benchmarks/step_vs_trl.py). TRL is not a dependency of the package:
+# it goes into its own virtualenv (TRL_VENV), with the same CPU torch and this checkout; not part of `make test`.
+TRL_VENV ?= /tmp/venv-trl
+$(TRL_VENV)/.installed: setup.py constraints-cpu.txt
+	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) torch==2.13.0
+	$(TRL_VENV)/bin/pip install $(PIP_FLAGS) trl -e .
+	$(TRL_VENV)/bin/python -c 'import trl, transformers; print("trl", trl.__version__, "transformers", transformers.__version__)'
+	touch $@
+
+bench-trl: $(VENV)/.installed $(TRL_VENV)/.installed
+	$(TEST_ENV) $(VENV)/bin/python benchmarks/step_vs_trl.py --trl-python $(TRL_VENV)/bin/python $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VENV_TF54) $(VENV_VLLM) build *.egg-info

@@ -5,7 +5,8 @@
      prompts (parquet → RLHFDataset → DataProto)
        │ 1 generate        actor_rollout.generate_sequences      (hf | vllm; weights synced by the worker)
        │ 2 reward          reward_fn(batch) → token_level_scores
-       │ 3 old log-prob    actor_rollout.compute_log_prob        (+ entropy metric, rollout-vs-actor gap)
+       │ 3 old log-prob    actor_rollout.compute_log_prob        (+ entropy metric, rollout-vs-actor gap;
+       │                                                         skipped when provably on-policy: on_policy.py)
        │ 4 ref log-prob    ref.compute_ref_log_prob              (if KL is used)
        │ 5 values          critic.compute_values                 (if GAE)
        │ 6 advantages      core_algos estimator by name          (driver, CPU)
@@ -47,6 +48,7 @@ from verl.trainer.ppo.metric_utils import (
     reduce_metrics,
     validation_metric_dict,
 )
+from verl.trainer.ppo.on_policy import old_log_prob_skip_blocker
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
 from verl.trainer.ppo.worker_groups import ActorRolloutRefGroup, CriticGroup
@@ -166,6 +168,8 @@ class RayPPOTrainer:
         self.global_steps = 0
         self._rollout_timing: dict[str, float] = {}
         self._last_val_metrics: dict[str, float] = {}
+        # None: step 3 is skipped, old_log_probs = the update's own forward (exact here; see on_policy.py).
+        self.old_log_prob_skip_blocker = old_log_prob_skip_blocker(config)
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
 
     # ------------------------------------------------------------------ setup
@@ -306,8 +310,9 @@ class RayPPOTrainer:
                 metrics.update(balance_batch(batch, self.actor_rollout_wg.world_size))  # DP ranks: equal tokens
             with marked_timer("reward", timing):
                 self._compute_reward(batch, metrics)  # 2
-            with marked_timer("old_log_prob", timing):
-                self._compute_old_log_prob(batch, metrics)  # 3
+            if self.old_log_prob_skip_blocker is not None:
+                with marked_timer("old_log_prob", timing):
+                    self._compute_old_log_prob(batch, metrics)  # 3 (else: the update's first forward, on_policy.py)
             if self.use_reference_policy:
                 with marked_timer("ref", timing):
                     batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))  # 4

@@ -51,6 +51,17 @@ def _select(data: DataProto, keys: list[str]) -> DataProto:
     return data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor)
 
 
+def active_dropout(module: nn.Module) -> list[str]:
+    """Names of dropout that is active in training mode: ``nn.Dropout`` modules with p > 0 and ``*dropout*``
+    floats > 0 of the HF config (attention dropout is applied functionally, from the config)."""
+    found = [name for name, m in module.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    config = getattr(getattr(module, "module", module), "config", None)
+    if config is not None:
+        for sub in [config, *(getattr(config, k) for k in ("text_config",) if hasattr(config, k))]:
+            found += [f"config.{k}" for k, v in vars(sub).items() if "dropout" in k and isinstance(v, float) and v > 0]
+    return found
+
+
 class DataParallelPPOActor(BasePPOActor):
     """PPO actor over an (FSDP-wrapped) HF causal LM.
 
@@ -135,8 +146,10 @@ class DataParallelPPOActor(BasePPOActor):
                 self._stop_routing()
         return {key: restore_order(torch.cat(values), indices) for key, values in outputs.items()}
 
-    def _update_keys(self) -> list[str]:
-        keys = [*_MODEL_INPUT_KEYS, "response_mask", "old_log_probs", "advantages", *routing_keys(self.config)]
+    def _update_keys(self, on_policy: bool) -> list[str]:
+        keys = [*_MODEL_INPUT_KEYS, "response_mask", "advantages", *routing_keys(self.config)]
+        if not on_policy:
+            keys.append("old_log_probs")
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
         return keys
@@ -151,11 +164,15 @@ class DataParallelPPOActor(BasePPOActor):
         if self.actor_optimizer is None:
             raise RuntimeError("update_policy needs an optimizer; this actor was built as a reference policy")
         temperature = _meta(data, "temperature", "update_policy")
-        keys = self._update_keys()
+        on_policy = "old_log_probs" not in data.batch.keys()
+        if on_policy:
+            self._check_on_policy(data)
+        keys = self._update_keys(on_policy)
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
         data = _select(data, keys)
-        calculate_entropy = self.config.calculate_entropy or self.config.entropy_coeff != 0
+        # Without the old-log-prob pass the update's forward also gives the actor/entropy metric that pass logged.
+        calculate_entropy = self.config.calculate_entropy or self.config.entropy_coeff != 0 or on_policy
         metrics: dict[str, list[float]] = {}
         self.actor_module.train()
         try:
@@ -163,7 +180,7 @@ class DataParallelPPOActor(BasePPOActor):
                 data, self.config.ppo_mini_batch_size, self.config.ppo_epochs, self.config.shuffle,
                 self.config.data_loader_seed,
             ):  # fmt: skip
-                append_to_dict(metrics, self._update_mini_batch(mini_batch, temperature, calculate_entropy))
+                append_to_dict(metrics, self._update_mini_batch(mini_batch, temperature, calculate_entropy, on_policy))
         finally:
             self._stop_routing()
         self.actor_optimizer.zero_grad(set_to_none=True)
@@ -175,7 +192,27 @@ class DataParallelPPOActor(BasePPOActor):
         if self.router is not None:
             self.router.stop()
 
-    def _update_mini_batch(self, mini_batch: DataProto, temperature: float, calculate_entropy: bool) -> dict:
+    def _check_on_policy(self, data: DataProto) -> None:
+        """A batch without ``old_log_probs`` (the trainer skipped step 3, ``verl.trainer.ppo.on_policy``) is only
+        exact when the whole update is one optimizer step and the train-mode forward equals the eval-mode one."""
+        if self.config.ppo_epochs != 1 or len(data) > self.config.ppo_mini_batch_size:
+            raise ValueError(
+                f"update_policy got no old_log_probs but runs {self.config.ppo_epochs} epoch(s) over "
+                f"{len(data)} responses in mini-batches of {self.config.ppo_mini_batch_size}: only one optimizer step "
+                "per batch can take old_log_probs from its own forward; run compute_log_prob first "
+                "(actor_rollout_ref.actor.skip_old_log_prob_on_policy=False)"
+            )
+        dropout = active_dropout(self.actor_module)
+        if dropout:
+            raise ValueError(
+                f"the actor model has active dropout ({', '.join(dropout[:3])}): its training forward differs from "
+                "the old-log-prob pass, so old_log_probs cannot come from the update; set "
+                "actor_rollout_ref.actor.skip_old_log_prob_on_policy=False"
+            )
+
+    def _update_mini_batch(
+        self, mini_batch: DataProto, temperature: float, calculate_entropy: bool, on_policy: bool = False
+    ) -> dict:
         info = global_batch_info(mini_batch.batch["response_mask"], self.dp_group)
         micro_batches, _ = split_micro_batches(
             mini_batch,
@@ -188,6 +225,8 @@ class DataParallelPPOActor(BasePPOActor):
         accumulator = MetricAccumulator()
         for micro_batch in micro_batches:
             outputs = self._forward(micro_batch, temperature, calculate_entropy)
+            if on_policy:  # before this mini-batch's (only) optimizer step: these weights are pi_old
+                micro_batch.batch["old_log_probs"] = outputs["log_probs"].detach()
             loss, loss_metrics = actor_loss(self.config, outputs, micro_batch.batch, info)
             loss.backward()
             accumulator.add(loss_metrics)

@@ -151,6 +151,11 @@ class ActorConfig(BaseConfig):
     calculate_entropy: bool = False
     """Compute entropy in update_actor for the actor/entropy metric even when entropy_coeff == 0."""
 
+    skip_old_log_prob_on_policy: bool = True
+    """Skip the old-log-prob pass where it is provably redundant (one optimizer step per batch and nothing else
+    reads old_log_probs: verl.trainer.ppo.on_policy); old_log_probs are then the update's own forward, detached.
+    False: always recompute them."""
+
     calculate_sum_pi_squared: bool = False
     """Compute sum_v pi(v)^2 per token (needed by the optimal_token_baseline estimator)."""
 
