@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         from verl.trainer import quickstart_geo3k
 
         if uses_vllm(args.overrides):
-            raise SystemExit("--task geo3k runs the HF rollout only (see docs); drop actor_rollout_ref.rollout.name=vllm")
+            raise SystemExit(
+                "--task geo3k runs the HF rollout only (see docs); drop actor_rollout_ref.rollout.name=vllm"
+            )
         quickstart_geo3k.prepare(args.dir)
     else:
         prepare(args.dir, profile="vllm" if uses_vllm(args.overrides) else "default")

@@ -153,6 +153,7 @@ def main_ppo_overrides(out_dir: Path) -> list[str]:
     return [
         f"actor_rollout_ref.model.path={out_dir / 'model_vl'}",
         "actor_rollout_ref.model.trust_remote_code=True",
+        "data.trust_remote_code=True",  # main_ppo loads the processor with this key (upstream)
         f"data.train_files={out_dir / 'data_geo3k' / 'train.parquet'}",
         f"data.val_files={out_dir / 'data_geo3k' / 'test.parquet'}",
         "data.max_prompt_length=96",

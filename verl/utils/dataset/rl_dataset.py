@@ -242,7 +242,9 @@ class RLHFDataset(Dataset):
         """The item dict: pass-through columns plus the tokenised prompt fields (module docstring)."""
         cfg = self.config
         item = {k: v for k, v in record.items() if k not in (cfg.prompt_key, cfg.image_key, cfg.video_key)}
-        item.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=self._position_ids(encoded, attention_mask))
+        item.update(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=self._position_ids(encoded, attention_mask)
+        )
         if encoded.multi_modal_data is None:
             item["raw_prompt_ids"] = ids
         else:

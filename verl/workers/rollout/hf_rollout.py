@@ -111,6 +111,9 @@ class HFRollout(BaseRollout):
         kwargs = params.generate_kwargs()
         if self.config.ignore_eos:
             kwargs["min_new_tokens"] = response_length
+        suppressed = self._placeholder_token_ids()
+        if suppressed:
+            kwargs["suppress_tokens"] = suppressed
         was_training = self.module.training
         self.module.eval()
         try:
@@ -131,6 +134,13 @@ class HFRollout(BaseRollout):
         finally:
             self.module.train(was_training)
         return self._assemble(idx, attention_mask, position_ids, out, eos, pad)
+
+    def _placeholder_token_ids(self) -> list[int]:
+        """Image/video placeholder ids of a multimodal model: a response must never contain one, since the next
+        forward (old log-probs, the update) would count it as an image slot and fail ("image features and image
+        tokens do not match"), so ``generate`` never samples them."""
+        config = self._hf_model().config
+        return [t for t in (getattr(config, n, None) for n in ("image_token_id", "video_token_id")) if t is not None]
 
     def _vision_inputs(self, prompts: DataProto, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The rows' images for ``generate`` (``pixel_values``, ``image_grid_thw``: the dataset's processor outputs,
