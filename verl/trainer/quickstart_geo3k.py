@@ -63,7 +63,7 @@ def make_rows(num_rows: int, seed: int, split: str) -> list[dict]:
 
 def response_text(colour: str) -> str:
     """A well-formed response (geo3k format reward 1) answering ``colour``."""
-    return f"<think>the shape is {colour}</think>\\boxed{{{colour}}}"
+    return f"<think>{colour}</think>\\boxed{{{colour}}}"
 
 
 def tokenizer_corpus(rows: list[dict]) -> list[str]:
@@ -86,7 +86,7 @@ def build_tokenizer(rows: list[dict]):
     return tokenizer
 
 
-def format_warmup(model_dir: Path, rows: list[dict], *, steps: int = 60, seed: int = 0, lr: float = 3e-3) -> None:
+def format_warmup(model_dir: Path, rows: list[dict], *, steps: int = 120, seed: int = 0, lr: float = 3e-3) -> None:
     """Fine-tune the saved tiny VL model in place on (prompt + image, response with a RANDOM colour) pairs: it learns
     the ``<think>``/``\\boxed{}`` format, not the colour (module docstring). Full-sequence cross-entropy on the
     response tokens, through HF's own multimodal forward."""
