@@ -132,8 +132,9 @@ def _response_labels(input_ids, attention_mask, prompt_lengths: list[int]):
     return labels
 
 
-def prepare(out_dir: Path, seed: int = 0) -> dict[str, Path]:
-    """Write the geo3k-format parquet files and the format-warmed tiny VL model under ``out_dir`` (the model once)."""
+def prepare(out_dir: Path, seed: int = 0, warmup_steps: int = 120) -> dict[str, Path]:
+    """Write the geo3k-format parquet files and the format-warmed tiny VL model under ``out_dir`` (the model once;
+    ``warmup_steps=0``: the random-initialised model, for tests that only need the pipeline to run)."""
     from verl.models.tiny_vl import save_tiny_vl_checkpoint
     from verl.utils.dataset.preprocess import write_parquet
 
@@ -144,7 +145,8 @@ def prepare(out_dir: Path, seed: int = 0) -> dict[str, Path]:
     write_parquet(val_rows, str(paths["val"]))
     if not (model_dir / "config.json").is_file():
         save_tiny_vl_checkpoint(build_tokenizer(train_rows), str(model_dir), seed=seed)
-        format_warmup(model_dir, train_rows, seed=seed)
+        if warmup_steps:
+            format_warmup(model_dir, train_rows, steps=warmup_steps, seed=seed)
     return paths
 
 
