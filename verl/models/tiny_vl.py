@@ -69,15 +69,30 @@ def build_tiny_vl_processor(tokenizer, *, patch_size: int = 4, merge_size: int =
 
 
 def save_tiny_vl_checkpoint(
-    tokenizer, out_dir: str, *, kind: str = "qwen3_5_vl", seed: int = 0, profile: str = "default"
+    tokenizer,
+    out_dir: str,
+    *,
+    kind: str = "qwen3_5_vl",
+    seed: int = 0,
+    profile: str = "default",
+    video_processor: bool = False,
 ) -> str:
     """Save the tiny VL model ``kind``, ``tokenizer`` (which must hold the :data:`VISION_TOKENS`) and the processor
-    under ``out_dir`` as one HF directory loadable by ``hf_processor(out_dir, trust_remote_code=True)``."""
+    under ``out_dir`` as one HF directory loadable by ``hf_processor(out_dir, trust_remote_code=True)``.
+
+    ``video_processor``: also write HF's ``Qwen3VLVideoProcessor`` config (same patch/merge sizes). vLLM's Qwen-VL
+    input processing loads one even for image-only prompts; it needs torchvision, so only where that imports (the
+    vLLM environment)."""
     if not kind.endswith("_vl"):
         raise ValueError(f"save_tiny_vl_checkpoint: kind {kind!r} has no vision tower; use qwen3_5_vl or *_moe_vl")
     save_tiny_checkpoint(kind, tokenizer, out_dir, seed=seed, profile=profile)
     build_tiny_vl_processor(tokenizer).save_pretrained(out_dir)
     _register_auto_class(out_dir)
+    if video_processor:
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+        size = {"shortest_edge": IMAGE_PIXELS["shortest_edge"], "longest_edge": 2 * IMAGE_PIXELS["longest_edge"]}
+        Qwen3VLVideoProcessor(patch_size=4, temporal_patch_size=2, merge_size=2, size=size).save_pretrained(out_dir)
     return out_dir
 
 

@@ -221,16 +221,35 @@ class RLHFDataset(Dataset):
         input_ids, attention_mask = left_pad(ids, cfg.max_prompt_length, self.pad_token_id)
         return self._assemble(record, encoded, ids, input_ids, attention_mask)
 
+    def _uses_mrope(self, encoded: EncodedPrompt) -> bool:
+        """A Qwen-VL processor: it returned ``mm_token_type_ids``, declares it does (transformers >= 5.2x), or has a
+        spatial-merge image processor (older releases return the ids only when asked) -- text-only rows included."""
+        if self.processor is None:
+            return False
+        image_processor = getattr(self.processor, "image_processor", None)
+        return (
+            "mm_token_type_ids" in encoded.multi_modal_inputs
+            or getattr(self.processor, "return_mm_token_type_ids", False)
+            or hasattr(image_processor, "merge_size")
+        )
+
     def _position_ids(self, encoded: EncodedPrompt, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``(S,)`` text positions; with a Qwen-VL processor (one that returns ``mm_token_type_ids``) ``(4, S)``: the
+        """``(S,)`` text positions; with a Qwen-VL processor (see :meth:`_uses_mrope`) ``(4, S)``: the
         text row then the T/H/W M-RoPE rows, built for this sample alone and then left-padded with zeros, as
         upstream's dataset does (vision positions cannot be recomputed after padding removal or packing). Text-only
         rows of such a dataset get 4 rows too (all equal), so that a batch stacks."""
-        if not getattr(self.processor, "return_mm_token_type_ids", False):
+        if not self._uses_mrope(encoded):
             return compute_position_ids(attention_mask)
         length = int(attention_mask.sum())
         types = encoded.multi_modal_inputs.pop("mm_token_type_ids", None)
-        types = torch.zeros(1, length, dtype=torch.long) if types is None else types.reshape(1, -1)
+        if types is None:  # processors that do not return them: image tokens are 1, video tokens 2
+            ids = torch.tensor(encoded.ids[-length:]).reshape(1, -1)
+            types = torch.zeros_like(ids)
+            for value, name in ((1, "image_token_id"), (2, "video_token_id")):
+                token = getattr(self.processor, name, None)
+                if token is not None:
+                    types = types.masked_fill(ids == token, value)
+        types = types.reshape(1, -1)
         mm = encoded.multi_modal_inputs
         sample = get_packed_mrope_position_ids(
             types, torch.ones_like(types), mm.get("image_grid_thw"), mm.get("video_grid_thw"),
