@@ -8,6 +8,9 @@
    ``reward_model.ground_truth``, ``extra_info``);
 3. runs ``python -m verl.trainer.main_ppo --config-name quickstart_cpu`` and prints where the per-step metrics went.
 
+``--task geo3k`` runs the multimodal variant instead (:mod:`verl.trainer.quickstart_geo3k`): images in upstream's
+geo3k parquet format, a tiny Qwen3.5 vision-language model, the geo3k scorer.
+
 With ``actor_rollout_ref.rollout.name=vllm`` among the overrides it runs the real vLLM engine as the rollout
 (vLLM's CPU build, ``make quickstart-vllm``): the tiny model is built in the widths vLLM's CPU kernels accept
 (``verl.models.tiny`` profile ``"vllm"``) and the config is ``quickstart_cpu_vllm``.
@@ -93,6 +96,7 @@ def make_rows(num_rows: int, seed: int, split: str) -> list[dict]:
 
 
 VLLM_ROLLOUT_OVERRIDE = "actor_rollout_ref.rollout.name=vllm"
+TASKS = ("digits", "geo3k")
 
 
 def prepare(out_dir: Path, seed: int = 0, profile: str = "default") -> dict[str, Path]:
@@ -122,9 +126,9 @@ def uses_vllm(overrides: list[str]) -> bool:
     return VLLM_ROLLOUT_OVERRIDE in overrides
 
 
-def main_ppo_command(out_dir: Path, extra_overrides: list[str]) -> list[str]:
+def main_ppo_command(out_dir: Path, extra_overrides: list[str], task: str = "digits") -> list[str]:
     vllm = uses_vllm(extra_overrides)
-    return [
+    command = [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
@@ -137,20 +141,39 @@ def main_ppo_command(out_dir: Path, extra_overrides: list[str]) -> list[str]:
         "reward.custom_reward_function.name=score",
         f"trainer.default_local_dir={out_dir / 'checkpoints'}",
         f"trainer.log_dir={out_dir / 'logs'}",
-        *extra_overrides,
     ]
+    if task == "geo3k":
+        from verl.trainer import quickstart_geo3k
+
+        command += quickstart_geo3k.main_ppo_overrides(out_dir)  # later overrides win
+    return command + list(extra_overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where assets, logs and checkpoints go")
     parser.add_argument("--prepare-only", action="store_true", help="write the assets and exit")
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default="digits",
+        help="digits: text task on the tiny MoE; geo3k: images in upstream's geo3k format on the tiny VL model",
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
     args = parser.parse_args(argv)
-    prepare(args.dir, profile="vllm" if uses_vllm(args.overrides) else "default")
+    if args.task == "geo3k":
+        from verl.trainer import quickstart_geo3k
+
+        if uses_vllm(args.overrides):
+            raise SystemExit(
+                "--task geo3k runs the HF rollout only (see docs); drop actor_rollout_ref.rollout.name=vllm"
+            )
+        quickstart_geo3k.prepare(args.dir)
+    else:
+        prepare(args.dir, profile="vllm" if uses_vllm(args.overrides) else "default")
     if args.prepare_only:
         return 0
-    command = main_ppo_command(args.dir, args.overrides)
+    command = main_ppo_command(args.dir, args.overrides, args.task)
     print("[quickstart] " + " ".join(command[1:]), flush=True)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     return subprocess.call(command, env=env)

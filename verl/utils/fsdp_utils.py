@@ -213,7 +213,7 @@ class FSDPAdapter(ABC):
     @abstractmethod
     def inference_params(self, module: nn.Module) -> contextlib.AbstractContextManager:
         """Context in which the wrapped HF model's own methods (``generate``) can run without the wrapper's
-        forward: FSDP1 gathers the root unit's parameters; FSDP2 needs nothing (its hooks gather per forward)."""
+        forward: both gather the root unit's parameters (nested units gather theirs in their own forward)."""
 
     @abstractmethod
     def offload_params(self, module: nn.Module) -> None:
@@ -444,13 +444,31 @@ class FSDP2Adapter(FSDPAdapter):
         set_model_state_dict(module, dict(state_dict), options=StateDictOptions(full_state_dict=True))
 
     def inference_params(self, module):
-        return contextlib.nullcontext()
+        # The root group's parameters (embeddings, the vision tower when it is no unit of its own) are gathered by
+        # the root forward's hook; ``generate`` also calls the model outside its forward (transformers >= 5.x
+        # encodes the images before the first decoding step), so gather them for the whole call.
+        return _fsdp2_root_unsharded(module)
 
     def offload_params(self, module):
         module.to("cpu")
 
     def load_params(self, module, device):
         module.to(device)
+
+
+@contextlib.contextmanager
+def _fsdp2_root_unsharded(module: nn.Module) -> Iterator[None]:
+    if not hasattr(module, "unshard"):  # not an FSDP2 module (e.g. a single-process model)
+        yield
+        return
+    # The root must initialise first: otherwise the first nested unit to run (a vision block, called by generate's
+    # image encoding) would take itself for the root and the next root forward fails (torch's FSDP2 lazy init).
+    module._get_fsdp_state()._lazy_init()
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+_PROCESSOR_CONFIGS = ("processor_config.json", "preprocessor_config.json")
 BASE_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BYTE_ALPHABET_SIZE = 256
 
@@ -75,7 +76,9 @@ def hf_tokenizer(name_or_path: str, correct_pad_token: bool = True, correct_gemm
 def hf_processor(name_or_path: str, **kwargs):
     """The multimodal processor at ``name_or_path``, or None for text-only models (upstream behaviour).
 
-    A load failure is not an error: text-only model directories have no processor config. It is logged at INFO.
+    A load failure is not an error: text-only model directories have no processor config. It is logged at INFO, or
+    at WARNING when the directory does hold a processor config (a multimodal model that would silently train on
+    text only: often ``data.trust_remote_code`` or a missing package).
     """
     from transformers import AutoProcessor
 
@@ -86,8 +89,13 @@ def hf_processor(name_or_path: str, **kwargs):
         kwargs = {**config_kwarg(path, kwargs.get("trust_remote_code", False)), **kwargs}
         processor = AutoProcessor.from_pretrained(path, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any failure means "no processor"; the reason is logged
-        logger.info(
-            "no processor for %s (%s: %s); treating the model as text-only", name_or_path, type(exc).__name__, exc
+        has_config = any(os.path.isfile(os.path.join(path, f)) for f in _PROCESSOR_CONFIGS)
+        logger.log(
+            logging.WARNING if has_config else logging.INFO,
+            "no processor for %s (%s: %s); treating the model as text-only",
+            name_or_path,
+            type(exc).__name__,
+            exc,
         )
         return None
     # AutoProcessor falls back to the tokenizer for text-only models; that is not a processor.

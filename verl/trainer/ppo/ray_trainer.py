@@ -58,7 +58,11 @@ from verl.utils.seqlen_balancing import balance_batch
 from verl.workers.core.losses import ROLLOUT_CORRECTION_META_KEY
 
 _GEN_TENSOR_KEYS = ["input_ids", "attention_mask", "position_ids"]
-_GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs"]
+# multi_modal_inputs: the HF rollout generates from the processor's pixel values (a server rollout from
+# multi_modal_data); the key stays in the batch too, for the actor's forward.
+_GEN_NON_TENSOR_KEYS = [
+    "raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "raw_prompt", "tools_kwargs", "interaction_kwargs",
+]  # fmt: skip
 
 
 def compute_response_mask(data: DataProto) -> torch.Tensor:

@@ -26,6 +26,9 @@ GSM8K_SAMPLE_SOURCE = "verl_sample/gsm8k_format"
 MATH_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 GEO3K_SOURCE = "hiyouga/geometry3k"
 AIME_SOURCE = "aime2024"
+DAPO_MATH_SOURCE = "math_dapo"
+# Named training sets for the AIME recipe: name -> (HF dataset, split). Their rows are scored by math_dapo too.
+AIME_TRAIN_SETS = {"dapo_math": ("BytedTsinghua-SIA/DAPO-Math-17k", "train")}
 
 # Instructions appended to the question. The gsm8k and MATH ones are upstream's exact wording (models trained with
 # upstream recipes expect them); the geo3k and AIME ones state the same output contract in our own words.
@@ -138,6 +141,28 @@ def aime_row(example: dict, index: int, split: str, data_source: str = AIME_SOUR
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(answer)},
         "extra_info": {"split": split, "index": index, "question": problem},
+    }
+
+
+def dapo_math_row(example: dict, index: int, split: str) -> dict:
+    """A DAPO-Math-17k record -> RL row scored by ``math_dapo``.
+
+    Records as published are already RL rows (``prompt`` chat messages that carry the ``Answer:`` instruction,
+    ``reward_model.ground_truth``); their prompt is kept. Plain ``{problem, answer}`` records get the AIME
+    instruction, like :func:`aime_row`.
+    """
+    where = f"{split} record {index}"
+    if isinstance(example.get("prompt"), list) and isinstance(example.get("reward_model"), dict):
+        prompt, answer = example["prompt"], _field(example["reward_model"], ("ground_truth",), where)
+    else:
+        problem = _field(example, ("problem", "Problem", "question"), where)
+        prompt, answer = user_prompt(f"{AIME_INSTRUCTION}\n\n{problem}"), _field(example, ("answer", "Answer"), where)
+    return {
+        "data_source": DAPO_MATH_SOURCE,
+        "prompt": [{"role": m["role"], "content": m["content"]} for m in prompt],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(answer)},
+        "extra_info": {"split": split, "index": index},
     }
 
 

@@ -119,3 +119,22 @@ def compute_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     Example: mask ``[0, 0, 1, 1, 1]`` -> ``[0, 0, 0, 1, 2]``.
     """
     return torch.clamp(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
+
+
+def _count_markers(messages: list[dict], marker: str) -> int:
+    return sum(m["content"].count(marker) for m in messages if isinstance(m.get("content"), str))
+
+
+def check_media_markers(messages: list[dict], images, videos, where: str, image_key: str, video_key: str) -> None:
+    """Raise ValueError naming the row when the ``<image>``/``<video>`` markers of the prompt and the row's media
+    disagree in number: the n-th marker takes the n-th image, so a marker without an image (a missing image, or
+    more markers than images) would otherwise fail deep in the processor, or silently feed the wrong image."""
+    for marker, media, key in (("<image>", images, image_key), ("<video>", videos, video_key)):
+        markers, count = _count_markers(messages, marker), len(media or [])
+        if markers == count or (markers == 0 and not media):
+            continue
+        raise ValueError(
+            f"{where}: the prompt has {markers} {marker} marker(s) but the row has {count} {key!r} value(s) "
+            f"(data.{'image_key' if key == image_key else 'video_key'}={key!r}); every marker needs one entry of "
+            f"the {key!r} column, in order. Fix the row or its markers."
+        )

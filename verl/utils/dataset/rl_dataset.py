@@ -37,6 +37,7 @@ from verl.upstream_gaps import missing_name_getattr
 from verl.utils.dataset.dataset_config import RLDatasetConfig
 from verl.utils.dataset.parquet_io import normalize_data_files, read_parquet_files
 from verl.utils.dataset.prompt_utils import (
+    check_media_markers,
     compute_position_ids,
     left_pad,
     split_media_placeholders,
@@ -44,6 +45,7 @@ from verl.utils.dataset.prompt_utils import (
     validate_chat_prompt,
 )
 from verl.utils.dataset.vision_utils import process_image, process_video
+from verl.utils.rope_utils import get_packed_mrope_position_ids
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +174,8 @@ class RLHFDataset(Dataset):
         cfg = self.config
         messages = record[cfg.prompt_key]
         images, videos = record.get(cfg.image_key), record.get(cfg.video_key)
+        if self.processor is not None:
+            check_media_markers(messages, images, videos, str(self._rows.origin(row)), cfg.image_key, cfg.video_key)
         if self.processor is not None and (images or videos):
             return self._encode_multimodal(messages, images or [], videos or [], row)
         text = self.tokenizer.apply_chat_template(
@@ -217,12 +221,48 @@ class RLHFDataset(Dataset):
         input_ids, attention_mask = left_pad(ids, cfg.max_prompt_length, self.pad_token_id)
         return self._assemble(record, encoded, ids, input_ids, attention_mask)
 
+    def _uses_mrope(self, encoded: EncodedPrompt) -> bool:
+        """A Qwen-VL processor: it returned ``mm_token_type_ids``, declares it does (transformers >= 5.2x), or has a
+        spatial-merge image processor (older releases return the ids only when asked) -- text-only rows included."""
+        if self.processor is None:
+            return False
+        image_processor = getattr(self.processor, "image_processor", None)
+        return (
+            "mm_token_type_ids" in encoded.multi_modal_inputs
+            or getattr(self.processor, "return_mm_token_type_ids", False)
+            or hasattr(image_processor, "merge_size")
+        )
+
+    def _position_ids(self, encoded: EncodedPrompt, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``(S,)`` text positions; with a Qwen-VL processor (see :meth:`_uses_mrope`) ``(4, S)``: the
+        text row then the T/H/W M-RoPE rows, built for this sample alone and then left-padded with zeros, as
+        upstream's dataset does (vision positions cannot be recomputed after padding removal or packing). Text-only
+        rows of such a dataset get 4 rows too (all equal), so that a batch stacks."""
+        if not self._uses_mrope(encoded):
+            return compute_position_ids(attention_mask)
+        length = int(attention_mask.sum())
+        types = encoded.multi_modal_inputs.pop("mm_token_type_ids", None)
+        if types is None:  # processors that do not return them: image tokens are 1, video tokens 2
+            ids = torch.tensor(encoded.ids[-length:]).reshape(1, -1)
+            types = torch.zeros_like(ids)
+            for value, name in ((1, "image_token_id"), (2, "video_token_id")):
+                token = getattr(self.processor, name, None)
+                if token is not None:
+                    types = types.masked_fill(ids == token, value)
+        types = types.reshape(1, -1)
+        mm = encoded.multi_modal_inputs
+        sample = get_packed_mrope_position_ids(
+            types, torch.ones_like(types), mm.get("image_grid_thw"), mm.get("video_grid_thw"),
+            spatial_merge_size=getattr(self.processor.image_processor, "merge_size", 2),
+        )[:, 0]  # fmt: skip
+        return torch.cat([sample.new_zeros(4, attention_mask.numel() - length), sample], dim=1)
+
     def _assemble(self, record: dict, encoded: EncodedPrompt, ids: list[int], input_ids, attention_mask) -> dict:
         """The item dict: pass-through columns plus the tokenised prompt fields (module docstring)."""
         cfg = self.config
         item = {k: v for k, v in record.items() if k not in (cfg.prompt_key, cfg.image_key, cfg.video_key)}
         item.update(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=compute_position_ids(attention_mask)
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=self._position_ids(encoded, attention_mask)
         )
         if encoded.multi_modal_data is None:
             item["raw_prompt_ids"] = ids

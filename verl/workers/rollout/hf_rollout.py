@@ -5,7 +5,8 @@ the sharding manager only makes the parameters available for inference (see ``ve
 
 Batch contract (upstream keys)::
 
-    in:  input_ids, attention_mask, position_ids (B, P), prompts left-padded
+    in:  input_ids, attention_mask, position_ids (B, P) or (B, 4, P) (M-RoPE), prompts left-padded;
+         non_tensor multi_modal_inputs (per-row processor outputs: pixel_values, image_grid_thw) for image rows
          meta_info: eos_token_id, pad_token_id, do_sample, validate (use rollout.val_kwargs), n (optional)
     out: prompts (B*n, P), responses (B*n, R), input_ids / attention_mask / position_ids (B*n, P + R),
          rollout_log_probs (B*n, R) when rollout.calculate_log_probs
@@ -30,6 +31,7 @@ from tensordict import TensorDict
 from verl.protocol import DataProto
 from verl.utils.fsdp_utils import adapter_for
 from verl.utils.torch_functional import get_response_mask, pad_sequence_to_length
+from verl.workers.core.model_forward import multi_modal_kwargs
 from verl.workers.rollout.base import BaseRollout
 
 __all__ = ["HFRollout", "SamplingParams"]
@@ -109,6 +111,9 @@ class HFRollout(BaseRollout):
         kwargs = params.generate_kwargs()
         if self.config.ignore_eos:
             kwargs["min_new_tokens"] = response_length
+        suppressed = self._placeholder_token_ids()
+        if suppressed:
+            kwargs["suppress_tokens"] = suppressed
         was_training = self.module.training
         self.module.eval()
         try:
@@ -123,11 +128,34 @@ class HFRollout(BaseRollout):
                     return_dict_in_generate=True,
                     output_scores=bool(self.config.calculate_log_probs),
                     synced_gpus=self._synced(),
+                    **self._vision_inputs(prompts, idx),
                     **kwargs,
                 )
         finally:
             self.module.train(was_training)
         return self._assemble(idx, attention_mask, position_ids, out, eos, pad)
+
+    def _placeholder_token_ids(self) -> list[int]:
+        """Image/video placeholder ids of a multimodal model: a response must never contain one, since the next
+        forward (old log-probs, the update) would count it as an image slot and fail ("image features and image
+        tokens do not match"), so ``generate`` never samples them."""
+        config = self._hf_model().config
+        return [t for t in (getattr(config, n, None) for n in ("image_token_id", "video_token_id")) if t is not None]
+
+    def _vision_inputs(self, prompts: DataProto, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The rows' images for ``generate`` (``pixel_values``, ``image_grid_thw``: the dataset's processor outputs,
+        concatenated in row order) and ``mm_token_type_ids`` (1 at image tokens, 2 at video tokens) from which HF
+        computes the M-RoPE ids of the left-padded prompts itself. Empty for text-only batches."""
+        inputs = multi_modal_kwargs(prompts.non_tensor_batch)
+        if not inputs:
+            return {}
+        config = self._hf_model().config
+        types = torch.zeros_like(idx)
+        for value, name in ((1, "image_token_id"), (2, "video_token_id")):
+            token = getattr(config, name, None)
+            if token is not None:
+                types = types.masked_fill(idx == token, value)
+        return {**{k: v.to(idx.device) for k, v in inputs.items()}, "mm_token_type_ids": types}
 
     def _synced(self) -> bool:
         # Every decoding step of a sharded model all-gathers parameters on every rank: a rank whose sequences all
@@ -146,8 +174,9 @@ class HFRollout(BaseRollout):
         response = pad_sequence_to_length(out.sequences[:, prompt_length:], response_length, pad)
         response_mask = get_response_mask(response, eos_token=eos, dtype=attention_mask.dtype)
         response = response.masked_fill(response_mask == 0, pad)  # nothing after the first EOS
-        delta = torch.arange(1, response_length + 1, device=position_ids.device).unsqueeze(0)
-        response_position_ids = position_ids[:, -1:] + delta
+        # (B, R), or (B, 4, R) for M-RoPE ids: every row counts on from the last prompt position (text tokens)
+        delta = torch.arange(1, response_length + 1, device=position_ids.device)
+        response_position_ids = position_ids[..., -1:] + delta
         tensors = {
             "prompts": idx,
             "responses": response,
