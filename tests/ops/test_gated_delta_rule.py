@@ -12,7 +12,7 @@ LENGTHS = (1, 5, 16, 17, 40, 3)
 
 
 def reference_recurrence(q, k, v, g, beta, lengths, scale, initial_state=None):
-    """Per-token loop, one sequence at a time (the definition in qwen3_5_model.md §3.4).
+    """Per-token loop, one sequence at a time (the definition in docs/qwen3_5.md, "Gated DeltaNet").
 
     q, k (T, H, K) already l2-normalised; v (T, HV, V); g, beta (T, HV). Returns o (T, HV, V), final (N, HV, K, V).
     """

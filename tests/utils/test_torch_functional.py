@@ -230,7 +230,7 @@ def test_check_device_and_original_compile_context_managers():
 
 
 def test_reexported_names_exist():
-    """Every upstream name of §4.3 (and the new chunked/fused entry points) is importable from torch_functional."""
+    """Every name of upstream's torch_functional (and the new chunked/fused entry points) is importable from it."""
     names = [
         "gather_from_labels",
         "logprobs_from_logits",

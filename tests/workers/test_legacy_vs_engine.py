@@ -1,4 +1,6 @@
-"""Legacy path = engine path: the proof that both worker paths run one core (DESIGN.md "Two worker paths, one core").
+"""Legacy path = engine path: the proof that both worker paths run one core.
+
+(docs/design.md "Two worker paths, one core".)
 
 Two levels:
 

@@ -1,9 +1,9 @@
 """Tiny Qwen3.5 models for tests, the CPU quickstart and benchmarks.
 
-Same architecture as Qwen3.5-35B-A3B (qwen3_5_model.md §1.3), scaled down: hidden 64, layers mixing Gated DeltaNet
-and gated full attention (``[L, L, L, F]``), grouped value heads in the GDN (2 q/k heads, 4 v heads), partial
-interleaved M-RoPE, a few experts with a shared expert for the MoE kind, and a 2-block vision tower for the ``*_vl``
-kinds. A forward + backward on a few hundred tokens takes well under a second on one CPU core.
+Same architecture as Qwen3.5-35B-A3B (docs/qwen3_5.md, "Architecture and size"), scaled down: hidden 64, layers
+mixing Gated DeltaNet and gated full attention (``[L, L, L, F]``), grouped value heads in the GDN (2 q/k heads, 4 v
+heads), partial interleaved M-RoPE, a few experts with a shared expert for the MoE kind, and a 2-block vision tower
+for the ``*_vl`` kinds. A forward + backward on a few hundred tokens takes well under a second on one CPU core.
 
 Kinds: ``"qwen3_5"`` (dense, ``Qwen3_5ForCausalLM``), ``"qwen3_5_moe"`` (``Qwen3_5MoeForCausalLM``),
 ``"qwen3_5_vl"`` and ``"qwen3_5_moe_vl"`` (``...ForConditionalGeneration`` with the vision tower).

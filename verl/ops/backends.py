@@ -6,7 +6,7 @@ on CUDA, and triton-ascend kernels on Ascend NPUs (fla ships both). The choice i
 the inputs:
 
 * CPU: always torch. fla is never imported on CPU: with triton installed, transformers >= 5.15 and fla itself
-  crash on a CPU-only machine (qwen3_5_model.md §3.1).
+  crash on a CPU-only machine (docs/qwen3_5.md, "fla on a CPU-only machine").
 * CUDA / NPU: fla when importable, else torch with a one-time warning (correct, slower).
 * ``backend="torch"`` forces the reference; ``backend="fla"`` demands fla and fails loudly without it.
 """

@@ -1,6 +1,6 @@
 """Varlen gated delta rule (the recurrence of Gated DeltaNet layers), chunked, with backends.
 
-Per value head, with state ``S`` of shape ``(K, V)`` and, for every token t (qwen3_5_model.md §3.4)::
+Per value head, with state ``S`` of shape ``(K, V)`` and, for every token t (docs/qwen3_5.md, "Gated DeltaNet")::
 
     q̂_t = l2norm(q_t) * scale,  k̂_t = l2norm(k_t)               (when use_qk_l2norm_in_kernel)
     S_t = exp(g_t) (I - β_t k̂_t k̂_tᵀ) S_{t-1} + β_t k̂_t v_tᵀ

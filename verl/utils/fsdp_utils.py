@@ -1,6 +1,6 @@
 """FSDP1 / FSDP2 adapter: every difference between the two lives here, one function per difference.
 
-DESIGN.md "Two worker paths, one core": callers pick the implementation with the single config key
+docs/design.md "Two worker paths, one core": callers pick the implementation with the single config key
 ``actor.strategy`` (``critic.strategy``) through :func:`get_fsdp_adapter` and never branch on the
 strategy themselves (field-report item 9). The differences are:
 
@@ -15,7 +15,7 @@ full state dict        ``FULL_STATE_DICT`` context (rank 0)        ``get_model_s
 param offload          move every flat parameter's storage         ``module.to(device)``
 =====================  ==========================================  =========================================
 
-CPU specifics (shared/reference/cpu_environment.md §3): FSDP1 needs ``device_id=torch.device("cpu")``,
+CPU specifics (docs/cpu_notes.md "FSDP on the CPU"): FSDP1 needs ``device_id=torch.device("cpu")``,
 ``sync_module_states=False`` and ``FullStateDictConfig(offload_to_cpu=False)``; FSDP2's
 ``CPUOffloadPolicy`` must not pin memory. Both are decided here from the device name, nowhere else.
 
@@ -265,8 +265,8 @@ class FSDP1Adapter(FSDPAdapter):
 
         on_cpu = get_device_name() == "cpu"
         if offload_params and on_cpu:
-            # FSDP1 CPUOffload pins memory, which needs an accelerator (cpu_environment.md §3b); on the CPU the
-            # parameters already live in host memory, so the request is satisfied without it.
+            # FSDP1 CPUOffload pins memory, which needs an accelerator (docs/cpu_notes.md "FSDP on the CPU"); on
+            # the CPU the parameters already live in host memory, so the request is satisfied without it.
             offload_params = False
         sharding, mesh = _fsdp1_sharding(mesh, reshard_after_forward)
         return FullyShardedDataParallel(
@@ -275,7 +275,8 @@ class FSDP1Adapter(FSDPAdapter):
             device_id=torch.device("cpu") if on_cpu else _current_device(),
             sharding_strategy=sharding,
             mixed_precision=self.mixed_precision(dtypes),
-            # every rank loaded the same weights; broadcasting them needs an accelerator (cpu_environment §3b)
+            # every rank loaded the same weights; broadcasting them needs an accelerator
+            # (docs/cpu_notes.md "FSDP on the CPU")
             sync_module_states=False,
             device_mesh=mesh,
             use_orig_params=use_orig_params,
@@ -325,7 +326,7 @@ class FSDP1Adapter(FSDPAdapter):
     def full_state_dict(self, module):
         from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
-        # offload_to_cpu=True segfaults on the CPU backend (cpu_environment.md §3b); the tensors are on the
+        # offload_to_cpu=True segfaults on the CPU backend (docs/cpu_notes.md "FSDP on the CPU"); the tensors are on the
         # CPU there anyway.
         cfg = FullStateDictConfig(offload_to_cpu=get_device_name() != "cpu", rank0_only=True)
         with FullyShardedDataParallel.state_dict_type(module, StateDictType.FULL_STATE_DICT, cfg):
@@ -378,7 +379,7 @@ class FSDP2Adapter(FSDPAdapter):
     ):
         from torch.distributed.fsdp import OffloadPolicy
 
-        # pinning needs an accelerator (cpu_environment.md §3a)
+        # pinning needs an accelerator (docs/cpu_notes.md "FSDP on the CPU")
         offload = CPUOffloadPolicy(pin_memory=get_device_name() != "cpu") if offload_params else OffloadPolicy()
         kwargs = {"mesh": mesh, "mp_policy": self.mixed_precision(dtypes), "offload_policy": offload}
         names, source = layer_class_names(module, wrap_policy)

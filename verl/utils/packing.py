@@ -1,4 +1,4 @@
-"""The one packed ("remove padding") format that every model forward consumes (DESIGN.md "The one packed format").
+"""The one packed ("remove padding") format that every model forward consumes (docs/design.md "The one packed format").
 
 A padded batch ``(B, S)`` with an ``attention_mask`` is turned into a single row of ``T`` real tokens::
 

@@ -11,7 +11,7 @@ config fallback and the checkpoint exporter all read a checkpoint's config throu
 
 **M-RoPE position ids for packing.** A packed multimodal row needs 4-row position ids: a text row restarting at 0 per
 sequence (HF uses it for the packed mask / flash-attention boundaries), then the 3 M-RoPE rows (T, H, W), computed
-*per sample* (vision positions cannot be computed over a packed row; qwen3_5_model.md §5.3).
+*per sample* (vision positions cannot be computed over a packed row; docs/qwen3_5.md, "M-RoPE for packed rows").
 """
 
 from __future__ import annotations

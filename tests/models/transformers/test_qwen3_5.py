@@ -2,7 +2,7 @@
 
 Tiny models with mixed layers [GDN, GDN, GDN, full attention] (verl/models/tiny.py). The GDN decay is set slow
 (A = 0.05, the long-memory heads of a trained model) so that a state leaked across a boundary stays visible over
-the whole next sequence instead of decaying within a few tokens (qwen3_5_model.md §2.4).
+the whole next sequence instead of decaying within a few tokens (docs/qwen3_5.md, "Packing pitfalls").
 """
 
 import pytest
@@ -60,8 +60,8 @@ def _per_sequence(padded_logits, mask, seqs):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_logprobs_alone_equal_padded_equal_packed(kind):
-    """Invariant (DESIGN.md): a sequence's log-probs are the same alone, left-padded in a batch, and packed with
-    others (fp32, max |Δ| <= 1e-5)."""
+    """Invariant (docs/design.md "packed = padded = alone"): a sequence's log-probs are the same alone,
+    left-padded in a batch, and packed with others (fp32, max |Δ| <= 1e-5)."""
     model = _model(kind)
     ids, mask, pos, seqs = _batch()
     packed = pack_padded_batch(ids, mask, pos)

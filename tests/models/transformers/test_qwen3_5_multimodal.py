@@ -1,4 +1,6 @@
-"""Packed multimodal Qwen3.5: per-sample M-RoPE, 4-row position ids, images in sample order (qwen3_5_model.md §5.3).
+"""Packed multimodal Qwen3.5: per-sample M-RoPE, 4-row position ids, images in sample order.
+
+The rules followed: docs/qwen3_5.md, "M-RoPE for packed rows".
 
 Two samples with images of different grids (4x4 and 4x6 patches -> 4 and 6 merged tokens) and a text-only sample
 are run alone through HF's own multimodal forward (HF computes the M-RoPE ids itself: an independent reference),

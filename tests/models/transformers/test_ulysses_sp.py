@@ -1,4 +1,4 @@
-"""Ulysses SP on the one packed format: SP = 2 (and 4) computes what SP = 1 computes (DESIGN.md "SP 1 = 2").
+"""Ulysses SP on the one packed format: SP = 2 (and 4) computes what SP = 1 computes (docs/design.md "SP 1 = 2").
 
 Tiny Llama, Qwen2, Qwen3.5 and Qwen3.5-MoE ([GDN, GDN, GDN, full attention]) models run the same packed batch
 with and without sequence parallelism over gloo ranks. The batches are chosen so that the packed length is not a
@@ -313,10 +313,11 @@ def test_context_passes_through_fsdp_input_handling_unchanged():
 
 @pytest.mark.dist
 def test_sp2_equals_sp1_for_every_model_and_refuses_misuse():
-    """Invariant (DESIGN.md): with SP = 2 the packed log-probs of Llama, Qwen2, Qwen3.5, Qwen3.5-MoE and multimodal
-    Qwen3.5 (images, 4-row M-RoPE ids) equal SP = 1 (fp32 1e-5) and the SP-averaged parameter gradients equal the SP = 1 gradients (1e-4 relative), also with
-    gradient checkpointing; the workers' log-prob core (fused LM head + entropy) gives the same log-probs and
-    entropy when only the SP group is installed; every tensor handed to a collective is contiguous. Misuse raises on every rank: different micro-batches on the SP
+    """Invariant (docs/design.md "SP 1 = 2"): with SP = 2 the packed log-probs of Llama, Qwen2, Qwen3.5, Qwen3.5-MoE
+    and multimodal Qwen3.5 (images, 4-row M-RoPE ids) equal SP = 1 (fp32 1e-5) and the SP-averaged parameter
+    gradients equal the SP = 1 gradients (1e-4 relative), also with gradient checkpointing; the workers' log-prob
+    core (fused LM head + entropy) gives the same log-probs and entropy when only the SP group is installed; every
+    tensor handed to a collective is contiguous. Misuse raises on every rank: different micro-batches on the SP
     ranks, heads not divisible by SP (naming the config key), an attention layer that bypassed the SP wrapper."""
     results = _spawn(2)
     _assert_equivalent(results)

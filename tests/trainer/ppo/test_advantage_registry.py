@@ -10,7 +10,7 @@ from verl.trainer.ppo.core_algos import (
     register_adv_est,
 )
 
-# Upstream's name -> function mapping (reference §4.2 table).
+# Upstream's name -> function mapping (the estimator registry of upstream's verl/trainer/ppo/core_algos.py).
 EXPECTED = {
     "gae": "compute_gae_advantage_return",
     "grpo": "compute_grpo_outcome_advantage",

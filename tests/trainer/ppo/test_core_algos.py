@@ -11,7 +11,7 @@ from verl.trainer.config import AlgoConfig, KLControlConfig
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 
-# Upstream names users import from verl.trainer.ppo.core_algos (reference §4.2), with the family module that
+# Names users import from upstream's verl.trainer.ppo.core_algos (v0.7.1 and HEAD), with the family module that
 # implements each here.
 UPSTREAM_NAMES = {
     "advantage_registry": ["AdvantageEstimator", "ADV_ESTIMATOR_REGISTRY", "register_adv_est", "get_adv_estimator_fn"],

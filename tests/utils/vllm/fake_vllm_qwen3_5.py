@@ -1,6 +1,6 @@
 """A fake vLLM Qwen3.5-MoE model in pure torch that reproduces vLLM's weight loading and field-report item 1.
 
-It mirrors vLLM 0.17-0.24 ``model_executor/models/qwen3_5.py`` as described in shared/reference/qwen3_5_model.md §6:
+It mirrors vLLM 0.17-0.24 ``model_executor/models/qwen3_5.py`` as described in docs/qwen3_5.md, "vLLM weight loading":
 
 * vLLM's module tree and parameter names (``language_model.model.layers.N.linear_attn.in_proj_qkvz`` ...), tensor
   parallel size 1;

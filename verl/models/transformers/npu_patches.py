@@ -163,7 +163,7 @@ def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor, *, torch_npu
 
 
 def _zero_centred_norm_forward(self: nn.Module, x: torch.Tensor, *, torch_npu: Any) -> torch.Tensor:
-    """Qwen3.5: y = (x·rstd·(1 + w)) computed in fp32, cast to x's dtype (qwen3_5_model.md §1.2)."""
+    """Qwen3.5: y = (x·rstd·(1 + w)) computed in fp32, cast to x's dtype (docs/qwen3_5.md, "Norms")."""
     x = x.contiguous()
     if hasattr(torch_npu, "npu_gemma_rms_norm"):
         return torch_npu.npu_gemma_rms_norm(x, self.weight, epsilon=self.eps)[0]

@@ -1,7 +1,7 @@
 """Model forwards on the one packed format (``verl.utils.packing.PackedBatch``) and on padded batches.
 
 ``forward_packed`` runs any HF causal LM on a single packed row so that every sequence is computed exactly as if
-it were alone. Three conditions make HF models keep packed sequences apart (qwen3_5_model.md §2.4, §7):
+it were alone. Three conditions make HF models keep packed sequences apart (docs/qwen3_5.md, "Packing pitfalls"):
 
 * ``attention_mask=None`` — the packed (block-diagonal) mask is only derived when no mask is given;
 * ``use_cache=False`` — with a cache (the config default is ``use_cache=True``, even in ``train()``) HF skips the

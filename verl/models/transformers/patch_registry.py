@@ -1,4 +1,4 @@
-"""The model patch registry: explicit, scoped, reported (DESIGN.md "Model patches", field-report item 7).
+"""The model patch registry: explicit, scoped, reported (docs/design.md "Model patches", field-report item 7).
 
 A *patch* changes one model instance that the caller is building — never a class, never at import time. The
 registry maps ``(model_type, platform)`` to patch objects. ``apply_patches(model, ...)`` applies every patch that

@@ -1,4 +1,6 @@
-"""Qwen3.5 / Qwen3.5-MoE patches: exact packed ("remove padding") training (qwen3_5_model.md §2, §7).
+"""Qwen3.5 / Qwen3.5-MoE patches: exact packed ("remove padding") training.
+
+Background: docs/qwen3_5.md, "Gated DeltaNet" and "Packing pitfalls".
 
 HF's Gated DeltaNet (GDN) layers let the causal conv window and the recurrent state run from one packed sequence
 into the next, in every transformers version (5.2-5.8 cannot even receive boundaries; later versions need fla and
@@ -25,12 +27,13 @@ MoE routing, norms and projections are per token.
 
 Ulysses SP (a ``verl_ulysses`` context in the kwargs, see :mod:`verl.models.transformers.ulysses`): each rank holds a
 slice of the stream, but the conv and the recurrence need whole sequences. The GDN layer therefore splits by *heads*
-(qwen3_5_model.md §7): projections run on the local tokens, one all-to-all gives each rank the whole stream of the
-``[q | k | v | b | a]`` channels of its heads (value heads ``[r nv/sp, (r+1) nv/sp)`` and the key heads they read,
-replicated when there are fewer key heads than ranks), the conv and delta rule run on those heads with the stream's
-``cu_seqlens``, and a second all-to-all brings the core output back to the local tokens for the norm and ``out_proj``. The patch also sets ``config.use_cache = False``: a forgotten
-``use_cache`` in a training forward would otherwise create a cache, which disables HF's packed-mask detection
-(generation passes ``use_cache`` explicitly from the generation config, so it is unaffected).
+(docs/qwen3_5.md, "Ulysses SP for the GDN layers"): projections run on the local tokens, one all-to-all gives each
+rank the whole stream of the ``[q | k | v | b | a]`` channels of its heads (value heads ``[r nv/sp, (r+1) nv/sp)``
+and the key heads they read, replicated when there are fewer key heads than ranks), the conv and delta rule run on
+those heads with the stream's ``cu_seqlens``, and a second all-to-all brings the core output back to the local tokens
+for the norm and ``out_proj``. The patch also sets ``config.use_cache = False``: a forgotten ``use_cache`` in a
+training forward would otherwise create a cache, which disables HF's packed-mask detection (generation passes
+``use_cache`` explicitly from the generation config, so it is unaffected).
 """
 
 from __future__ import annotations
@@ -193,9 +196,9 @@ def _gdn_output(module: nn.Module, core: torch.Tensor, hidden_states: torch.Tens
 def _gdn_mixer(module: nn.Module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
     """The GDN token mixer with explicit boundaries. hidden_states ``(B, T, hidden)`` -> ``(B, T, hidden)``.
 
-    Same maths as HF's forward (qwen3_5_model.md §2.1): projections, causal conv + SiLU over the q|k|v channels,
-    the gated delta rule with l2-normalised q/k, the gated RMSNorm and ``out_proj``; only the conv and the
-    recurrence see ``cu_seqlens``.
+    Same maths as HF's forward (docs/qwen3_5.md, "Gated DeltaNet"): projections, causal conv + SiLU over the
+    q|k|v channels, the gated delta rule with l2-normalised q/k, the gated RMSNorm and ``out_proj``; only the conv
+    and the recurrence see ``cu_seqlens``.
     """
     projected = (module.in_proj_qkv(hidden_states), module.in_proj_b(hidden_states), module.in_proj_a(hidden_states))
     return _gdn_output(module, _gdn_core(module, *projected, None, cu_seqlens), hidden_states)

@@ -52,7 +52,7 @@ def _state_dict_options(full: bool):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     # cpu_offload copies shards to host memory; on the CPU they already are, and FSDP1's offload path segfaults
-    # there (cpu_environment.md §3b)
+    # there (docs/cpu_notes.md "FSDP on the CPU")
     return StateDictOptions(full_state_dict=full, cpu_offload=get_device_name() != "cpu")
 
 

@@ -1,4 +1,4 @@
-"""The device contract: one object per accelerator family (DESIGN.md "Devices: one contract").
+"""The device contract: one object per accelerator family (docs/design.md "Devices: one contract").
 
 Everything the framework needs to know about a device lives on a :class:`Platform`: its torch device name and
 ``torch.<device>`` module, the collective backend, the visible-devices environment variable, the Ray resource

@@ -1,8 +1,9 @@
 """Repair of vLLM MoE weight loaders before trained weights are pushed into a running engine (field-report item 1).
 
 vLLM's ``load_weights`` calls ``param.weight_loader`` directly (no ``getattr`` default) for stacked projections and
-for fused-expert parameters (qwen3_5_model.md §6.1). FusedMoE's ``w13_weight`` / ``w2_weight`` get their loader when
-they are created, but several platforms re-create them in ``process_weights_after_loading`` and drop it (§6.2):
+for fused-expert parameters (docs/qwen3_5.md, "vLLM weight loading"). FusedMoE's ``w13_weight`` / ``w2_weight`` get
+their loader when they are created, but several platforms re-create them in ``process_weights_after_loading`` and
+drop it:
 
 * vllm-ascend's ``AscendUnquantizedFusedMoEMethod`` replaces them by *transposed* copies (``[E, H, 2I]`` /
   ``[E, I, H]`` instead of ``[E, 2I, H]`` / ``[E, H, I]``);

@@ -1,7 +1,7 @@
 """Optional-import and engine-introspection helpers for vLLM (and vllm-ascend on Ascend).
 
-Nothing here imports vLLM at import time: it is an optional dependency that cannot even be installed next to the
-CPU torch used by CI (shared/reference/cpu_environment.md §4).
+Nothing here imports vLLM at import time: it is an optional dependency, absent from the main environment; its CPU
+build has an environment of its own (docs/cpu_notes.md "vLLM on the CPU").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The maths both worker paths share (DESIGN.md "Two worker paths, one core").
+"""The maths both worker paths share (docs/design.md "Two worker paths, one core").
 
 The legacy workers (``fsdp_workers`` + ``dp_actor``/``dp_critic``) and the engine workers call these modules;
 neither re-implements them:

@@ -8,7 +8,8 @@ One recipe for every role and both worker paths::
       -> [training: activation offload]  ->  optimizer + lr schedule
 
 Every rank loads the same weights from disk and shards them while wrapping (no broadcast: FSDP1 cannot
-broadcast CPU parameters, cpu_environment.md §3b); the value head is seeded so it is identical on every rank.
+broadcast CPU parameters, docs/cpu_notes.md "FSDP on the CPU"); the value head is seeded so it is identical on
+every rank.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ __all__ = ["LogProbOptions", "RoutingStep", "forward_log_probs", "forward_values
 
 FUSED_BY_DEFAULT = True
 """The fused LM-head path is our default whenever the model has a plain ``nn.Linear`` LM head: it is exact (same
-maths, fp32 per chunk) and never holds a ``(tokens, V)`` tensor (DESIGN.md "Memory"). Upstream's
+maths, fp32 per chunk) and never holds a ``(tokens, V)`` tensor (docs/design.md "Memory"). Upstream's
 ``use_fused_kernels`` (default False) therefore only *forces* it; ``entropy_from_logits_with_chunking=True``
 asks for the logits path explicitly (chunked with ``entropy_from_logits_chunk_size``)."""
 

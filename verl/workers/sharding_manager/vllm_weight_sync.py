@@ -25,10 +25,10 @@ from the checkpoint.
 
 Weight formats. transformers 5 keeps MoE experts fused (``mlp.experts.gate_up_proj [E, 2I, H]``, gate rows first,
 ``mlp.experts.down_proj [E, H, I]``); checkpoints and most vLLM loaders use per-expert names. vLLM >= 0.17's Qwen3.5
-loader accepts both (qwen3_5_model.md §6.1), older loaders of other MoE families only the per-expert ones. The
-default ``per_expert`` undoes transformers' standard expert merge (the ``qwen2_moe`` conversion shared by Qwen2/3-MoE,
-Qwen3.5, DeepSeek-V2/V3, GLM-4-MoE ...) without depending on the transformers version. ``checkpoint`` runs
-transformers' own reverse conversion, which also undoes renames (e.g. Mixtral's); transformers 5.4 mangles the
+loader accepts both (docs/qwen3_5.md, "vLLM weight loading"), older loaders of other MoE families only the per-expert
+ones. The default ``per_expert`` undoes transformers' standard expert merge (the ``qwen2_moe`` conversion shared by
+Qwen2/3-MoE, Qwen3.5, DeepSeek-V2/V3, GLM-4-MoE ...) without depending on the transformers version. ``checkpoint``
+runs transformers' own reverse conversion, which also undoes renames (e.g. Mixtral's); transformers 5.4 mangles the
 ``language_model`` prefix of multimodal models that were not loaded with ``from_pretrained``, so it is opt-in.
 """
 

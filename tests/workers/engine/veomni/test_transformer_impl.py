@@ -1,7 +1,7 @@
 """VeOmniEngine (verl/workers/engine/veomni/transformer_impl.py) against a fake ``veomni`` package
 (``verl.utils.testing.fake_veomni``).
 
-VeOmni cannot be installed next to the CPU stack (shared/reference/cpu_environment.md §6), so these tests check
+VeOmni's Qwen3.5 path cannot run on a CPU (docs/cpu_notes.md "VeOmni on the CPU"), so these tests check
 the wiring only: the import guard, the arguments VeOmni's entry points receive, and that once VeOmni has built and
 sharded the model every computation is the shared core's (same log-probs as the FSDP engine). They do not cover
 VeOmni's own kernels, Ulysses or expert parallelism.

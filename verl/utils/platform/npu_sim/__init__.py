@@ -1,8 +1,9 @@
 """A simulated Ascend NPU for CPU-only CI — a **test fixture**, never imported by verl at run time.
 
-What it is (DESIGN.md "Devices"): a real PrivateUse1 backend named ``npu`` (C++ in ``csrc/npu_sim.cpp``, built
-on first use) whose memory is host memory, plus a fake ``torch_npu`` module (:mod:`.fake_torch_npu`) with the
-documented semantics of the fused ops verl calls, and a ``torch.npu`` device module (:mod:`.device_module`).
+What it is (docs/design.md "The simulated NPU"): a real PrivateUse1 backend named ``npu`` (C++ in
+``csrc/npu_sim.cpp``, built on first use) whose memory is host memory, plus a fake ``torch_npu`` module
+(:mod:`.fake_torch_npu`) with the documented semantics of the fused ops verl calls, and a ``torch.npu`` device module
+(:mod:`.device_module`).
 
 Properties tests rely on:
 

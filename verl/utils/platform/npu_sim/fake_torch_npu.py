@@ -1,7 +1,7 @@
 """The simulated ``torch_npu`` module: the fused ops verl calls, with their documented semantics, in plain torch.
 
 Each op follows the signature and behaviour documented for torch_npu (``torch_npu/_op_plugin_docs.py``,
-2.10.0.post4; see shared/reference/ascend_and_peers.md §A1.4) and, like the real kernels, accepts only tensors
+2.10.0.post4; docs/design.md "The simulated NPU") and, like the real kernels, accepts only tensors
 on the NPU. Autograd flows through the torch implementation (the real ops have registered backward kernels,
 except ``npu_grouped_matmul``, which callers wrap in their own ``autograd.Function`` — as here).
 

@@ -2,7 +2,7 @@
 
 The engine adds no maths of its own: micro-batching, the packed model forward, log-probs/entropy, values, losses
 and the clipped optimizer step are the functions of ``verl.workers.core`` that the legacy ``DataParallelPPOActor``
-calls too (DESIGN.md "Two worker paths, one core"; ``tests/workers/test_legacy_vs_engine.py`` runs both and
+calls too (docs/design.md "Two worker paths, one core"; ``tests/workers/test_legacy_vs_engine.py`` runs both and
 compares). What the engine owns is the lifecycle: build and shard the model, the optimizer and lr schedule, device
 placement (offload), checkpoints and the full-weight stream for the rollout.
 

@@ -6,8 +6,8 @@ shards it with FSDP2. Everything after that — the packed forward, log-probs, l
 checkpoints, weight sync — is the FSDP engine's, i.e. the shared core, so results do not depend on the backend.
 
 ``veomni`` is optional and imported only in :meth:`VeOmniEngine.initialize`; when it is missing (or broken, e.g.
-built for another transformers release) the error says how to install it. It cannot be installed next to the CPU
-test stack (``shared/reference/cpu_environment.md`` §6), so it is tested here with a fake module.
+built for another transformers release) the error says how to install it. Its Qwen3.5 path cannot run on a CPU
+(docs/cpu_notes.md "VeOmni on the CPU", docs/veomni.md), so it is tested here with a fake module.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["VeOmniEngine", "VeOmniEngineWithLMHead", "import_veomni"]
 
 INSTALL_HINT = "pip install verl[veomni]"
-_DEVICES = ("cuda", "npu")  # VeOmni knows no CPU collective backend (cpu_environment.md §6)
+_DEVICES = ("cuda", "npu")  # VeOmni's packed GDN kernels are Triton-only (docs/veomni.md)
 
 
 def import_veomni(submodule: str) -> ModuleType:
