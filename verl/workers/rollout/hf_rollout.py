@@ -152,7 +152,8 @@ class HFRollout(BaseRollout):
 
     def _rollout_routing(self, recorder: RoutingStepRecorder, out, attention_mask: torch.Tensor) -> torch.Tensor:
         """``routed_experts`` ``(B, P + R, L, k)`` aligned with ``input_ids``: the prefill forward gives the prompt
-        tokens' routing, decoding step ``j`` the routing of response token ``j``; padding positions hold 0 (masked).
+        tokens' routing, decoding step ``j`` the routing of response token ``j``; padding positions (prompt pads, pads after
+        an EOS: masked) hold the pad tokens' routing, columns never generated 0.
 
         The last sampled token is never fed to the model inside ``generate`` (nothing is sampled after it), so one
         more decoding step on generate's own cache records it; under ``synced_gpus`` every rank runs that step
