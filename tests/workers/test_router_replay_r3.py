@@ -109,6 +109,12 @@ def test_hf_rollout_records_the_routing_of_every_token(moe):
     assert torch.equal(routing[real].long(), reference[real].long())
 
 
+def test_validation_rollouts_record_no_routing(moe):
+    """Validation responses are never trained on: no routing recorded, no routed_experts."""
+    out = _rollout(moe).generate_sequences(_prompts(2, validate=True))
+    assert "routed_experts" not in out.batch.keys()
+
+
 def test_rollout_routing_refuses_a_dense_model(make_model):
     with pytest.raises(RouterReplayError, match="enable_rollout_routing_replay=False"):
         _rollout(make_model()).generate_sequences(_prompts(2))

@@ -116,7 +116,7 @@ class HFRollout(BaseRollout):
         suppressed = self._placeholder_token_ids()
         if suppressed:
             kwargs["suppress_tokens"] = suppressed
-        recorder = self._routing_recorder()
+        recorder = self._routing_recorder(prompts.meta_info)
         routing = None
         was_training = self.module.training
         self.module.eval()
@@ -144,9 +144,10 @@ class HFRollout(BaseRollout):
             data.batch["routed_experts"] = routing
         return data
 
-    def _routing_recorder(self) -> RoutingStepRecorder | None:
-        """R3 (``rollout.enable_rollout_routing_replay``): record the MoE routing of every ``generate`` forward."""
-        if not getattr(self.config, "enable_rollout_routing_replay", False):
+    def _routing_recorder(self, meta_info: dict) -> RoutingStepRecorder | None:
+        """R3 (``rollout.enable_rollout_routing_replay``): record the MoE routing of every ``generate`` forward;
+        not for validation, whose responses are never trained on."""
+        if not getattr(self.config, "enable_rollout_routing_replay", False) or meta_info.get("validate", False):
             return None
         return RoutingStepRecorder(self._hf_model())
 
