@@ -90,6 +90,7 @@ def _hf_full_forward_routing(model, out: DataProto) -> torch.Tensor:
     return routing.reshape(*td["input_ids"].shape, *routing.shape[1:])
 
 
+@pytest.mark.tf_compat  # the last-token step uses generate's returned cache: `cache` (5.24) / `past_key_values` (5.4)
 def test_hf_rollout_records_the_routing_of_every_token(moe):
     """routed_experts is (B, P + R, L, k) uint8 aligned with input_ids and equals, on every real token (prompt,
     response, the last sampled token and an early EOS) and every MoE layer, the experts HF's own full forward of
