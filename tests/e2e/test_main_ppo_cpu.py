@@ -465,3 +465,30 @@ def test_router_replay_r2_and_rollout_correction_train(assets, tmp_path, worker_
         assert {"rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/kl"} <= set(
             data
         )
+
+
+@pytest.mark.parametrize(
+    "worker_path",
+    ["legacy", pytest.param("engine", marks=pytest.mark.slow)],
+)
+def test_router_replay_r3_with_the_hf_rollout_trains(assets, tmp_path, worker_path):
+    """GRPO on the tiny Qwen3.5-MoE with router_replay.mode=R3 (both worker paths): the HF rollout records the routing
+    of every prompt and generated token (rollout.enable_rollout_routing_replay), the batch carries it, and the
+    old-log-prob pass and the update replay it; with token IS against the rollout's log-probs, 2 steps complete and
+    log the rollout_corr/* metrics."""
+    overrides = [
+        "actor_rollout_ref.actor.router_replay.mode=R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "algorithm.rollout_correction.rollout_is=token",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+    ]
+    if worker_path == "engine":
+        overrides.append("trainer.use_legacy_worker_impl=disable")
+    _run(_command(assets, tmp_path, *overrides))
+    metrics = _metrics(tmp_path)
+    assert sorted(metrics) == [1, 2]
+    for data in metrics.values():
+        assert {"rollout_corr/rollout_is_mean", "rollout_corr/kl"} <= set(data)

@@ -39,8 +39,6 @@ GOOD = [
 REFUSED = {
     "actor_rollout_ref.actor.calculate_sum_pi_squared": "true",
     "algorithm.adv_estimator": "optimal_token_baseline",
-    "actor_rollout_ref.actor.router_replay.mode": "R3",
-    "actor_rollout_ref.rollout.enable_rollout_routing_replay": "true",
     "actor_rollout_ref.model.lora_rank": "8",
     "actor_rollout_ref.model.lora_adapter_path": "/adapters/a",
     "critic.model.lora_rank": "8",

@@ -66,20 +66,6 @@ UNSUPPORTED_FEATURES: tuple[Setting, ...] = (
         "rloo, gae or another estimator",
     ),
     Setting(
-        "actor_rollout_ref.actor.router_replay.mode",
-        lambda v: v == "R3",
-        "R3 (replay of the rollout engine's routing) is not implemented: no rollout here returns routed experts "
-        "(the HF rollout does not record them, and vLLM's enable_return_routed_experts needs its Model Runner V2, "
-        "which needs Triton, absent from the CPU build); use R2 (record in the old-log-prob forward, replay in the "
-        "update) or disabled",
-    ),
-    Setting(
-        "actor_rollout_ref.rollout.enable_rollout_routing_replay",
-        _true,
-        "R3 is not implemented: the rollout does not return its routing (see router_replay.mode); set it to false "
-        "(R2 needs no rollout routing)",
-    ),
-    Setting(
         "actor_rollout_ref.model.lora_rank",
         lambda v: v > 0,
         "LoRA is not implemented: the model would be fully fine-tuned; set lora_rank=0",

@@ -39,7 +39,13 @@ from verl.utils.py_functional import append_to_dict
 from verl.workers.core.losses import bind_rollout_correction
 from verl.workers.core.micro_batching import iter_mini_batches
 from verl.workers.core.parallel_layout import dp_sp_coordinates
-from verl.workers.core.routing import ROUTED_EXPERTS, ROUTER_REPLAY_META_KEY, engine_routing_mode, routing_keys
+from verl.workers.core.routing import (
+    ROUTED_EXPERTS,
+    ROUTER_REPLAY_META_KEY,
+    engine_routing_mode,
+    router_replay_mode,
+    routing_keys,
+)
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.base import LossFunction
 from verl.workers.engine.losses import ppo_loss, value_loss
@@ -342,7 +348,9 @@ class ActorRolloutRefWorker(Worker):
         key = "actor_rollout_ref.rollout.log_prob_micro_batch_size"
         output = actor.infer(self._log_prob_meta(data, self.config.rollout, key, calculate_entropy=True, routing=True))
         tensors = {"old_log_probs": output["log_probs"], "entropys": output["entropys"]}
-        if ROUTED_EXPERTS in output:  # router replay R2: the routing of this forward, replayed in the update
+        # router replay R2: the routing of this forward, replayed in the update (R3's is the rollout's, already in
+        # the batch: the forward replayed it)
+        if ROUTED_EXPERTS in output and router_replay_mode(self.config.actor) == "R2":
             tensors[ROUTED_EXPERTS] = output[ROUTED_EXPERTS]
         meta_info = {"temperature": self.config.rollout.temperature}
         return DataProto.from_dict(tensors=tensors, meta_info=meta_info).to("cpu")

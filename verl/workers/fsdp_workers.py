@@ -64,6 +64,7 @@ from verl.workers.core.fsdp_model import build_fsdp_model
 from verl.workers.core.losses import bind_rollout_correction
 from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.parallel_layout import DataSequenceLayout
+from verl.workers.core.routing import router_replay_mode
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.base import generation_seed
 from verl.workers.rollout.build import build_rollout
@@ -307,7 +308,9 @@ class ActorRolloutRefWorker(Worker):
         with self._actor_placement.on_device():
             out = self.actor.compute_log_prob(data, calculate_entropy=True)
         tensors = {"old_log_probs": out["log_probs"], "entropys": out["entropys"]}
-        if "routed_experts" in out:  # router replay R2: the routing of this forward, replayed in the update
+        # router replay R2: the routing of this forward, replayed in the update (R3's is the rollout's, already in
+        # the batch: the forward replayed it)
+        if "routed_experts" in out and router_replay_mode(self.actor_config) == "R2":
             tensors["routed_experts"] = out["routed_experts"]
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": self.rollout_config.temperature}).to(
             "cpu"

@@ -52,7 +52,14 @@ def test_router_replay_veomni_r2(compose_config):
     assert actor.veomni.router_replay.mode == actor.router_replay.mode == "R2"
 
 
-def test_router_replay_veomni_r3_is_refused_with_the_reason(compose_config):
-    """R3 composes (the keys exist) and is refused before Ray: this distribution's rollouts return no routing."""
-    with pytest.raises(ConfigError, match="router_replay.mode.*R3"):
-        _typed(compose_config, recipes.ROUTER_REPLAY_VEOMNI_R3)
+def test_router_replay_veomni_r3(compose_config):
+    """R3 composes with the HF rollout (which records the routing); refused, naming the key, with vLLM (whose CPU
+    build cannot return routed experts) and when the rollout is not asked to record it."""
+    typed = _typed(compose_config, recipes.ROUTER_REPLAY_VEOMNI_R3)
+    assert typed.actor_rollout_ref.actor.router_replay.mode == "R3"
+    assert typed.actor_rollout_ref.rollout.enable_rollout_routing_replay
+    with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*rollout.name=hf.*Triton"):
+        _typed(compose_config, [*recipes.ROUTER_REPLAY_VEOMNI_R3, "actor_rollout_ref.rollout.name=vllm"])
+    no_routing = [o for o in recipes.ROUTER_REPLAY_VEOMNI_R3 if "enable_rollout_routing_replay" not in o]
+    with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*must be True"):
+        _typed(compose_config, no_routing)

@@ -28,7 +28,14 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
-__all__ = ["RouterReplay", "RouterReplayError", "install_router_replay", "moe_gates", "routing_dtype"]
+__all__ = [
+    "RouterReplay",
+    "RouterReplayError",
+    "RoutingStepRecorder",
+    "install_router_replay",
+    "moe_gates",
+    "routing_dtype",
+]
 
 _ATTR = "_verl_router_replay"
 
@@ -171,3 +178,52 @@ class RouterReplay:
 def install_router_replay(model: nn.Module) -> RouterReplay:
     """Hooks on every MoE gate of ``model`` (idempotent) and the controller over them."""
     return RouterReplay(model)
+
+
+class RoutingStepRecorder:
+    """Records the routing of every forward of a model in a ``with`` block: one ``(T, L, k)`` tensor per forward.
+
+    For R3 with the HF rollout: ``generate`` with a KV cache runs one prefill forward (the ``B * P`` prompt
+    tokens, row-major) and then one forward per decoding step (``B`` tokens: the token sampled in the step before);
+    each is one entry of :attr:`steps`. Its own hooks (removed on exit) read the gates' top-k output without
+    changing it, so generation routes natively, whatever the replay controller's state.
+    """
+
+    def __init__(self, model: nn.Module, key: str = "actor_rollout_ref.rollout.enable_rollout_routing_replay"):
+        self.gates = moe_gates(model)
+        if not self.gates:
+            raise RouterReplayError(
+                f"recording the rollout's MoE routing needs an MoE model, but {type(model).__name__} has no top-k "
+                f"MoE gate: set {key}=False (and router_replay.mode=disabled) for a dense model"
+            )
+        self.dtype = routing_dtype(self.gates[0].num_experts)
+        self._per_layer: list[list[torch.Tensor]] = [[] for _ in self.gates]
+        self._handles: list = []
+
+    def __enter__(self) -> RoutingStepRecorder:
+        self._per_layer = [[] for _ in self.gates]
+        self._handles = [gate.register_forward_hook(self._hook_for(layer)) for layer, gate in enumerate(self.gates)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _hook_for(self, layer: int):
+        def hook(gate, args, output):
+            self._per_layer[layer].append(output[2].detach().to(self.dtype))
+
+        return hook
+
+    @property
+    def num_forwards(self) -> int:
+        return len(self._per_layer[0])
+
+    @property
+    def steps(self) -> list[torch.Tensor]:
+        """``(T_i, L, k)`` per recorded forward, in call order."""
+        counts = {len(calls) for calls in self._per_layer}
+        if len(counts) != 1:
+            raise RouterReplayError(f"routing recorder: the MoE layers ran different numbers of forwards {counts}")
+        return [torch.stack(calls, dim=1) for calls in zip(*self._per_layer)]

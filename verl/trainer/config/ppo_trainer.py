@@ -192,6 +192,7 @@ class PPOTrainerConfig(BaseConfig):
         routes only its slice of the stream, which the replay does not split."""
         actor = self.actor_rollout_ref.actor
         mode = actor.router_replay.mode
+        self._check_rollout_routing(mode)
         if mode == "disabled":
             return
         if mode == "R2" and self.algorithm.rollout_correction.bypass_mode:
@@ -205,6 +206,26 @@ class PPOTrainerConfig(BaseConfig):
                 "actor_rollout_ref.actor.router_replay.mode",
                 f"({mode}) is not supported with Ulysses sequence parallelism (ulysses_sequence_parallel_size="
                 f"{actor.ulysses_sp_size}); use ulysses_sequence_parallel_size=1.",
+            )
+
+    def _check_rollout_routing(self, mode: str) -> None:
+        """R3 replays the routing the rollout recorded: the rollout must record it, and only the HF rollout can
+        here (it hooks the MoE gates during ``generate``)."""
+        rollout = self.actor_rollout_ref.rollout
+        if mode == "R3" and not rollout.enable_rollout_routing_replay:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.enable_rollout_routing_replay",
+                "(False) must be True with actor_rollout_ref.actor.router_replay.mode=R3: R3 replays the routing the "
+                "rollout records (or use R2, which records it in the old-log-prob forward).",
+            )
+        if rollout.enable_rollout_routing_replay and rollout.name != "hf":
+            raise ConfigError(
+                "actor_rollout_ref.rollout.enable_rollout_routing_replay",
+                f"(True) needs actor_rollout_ref.rollout.name=hf (got {rollout.name}): the HF rollout records the "
+                "routing of every token; the vLLM rollout here does not, since vLLM's enable_return_routed_experts "
+                "needs its Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton, absent from the CPU "
+                "build, and it is not wired or checked on the GPU/NPU builds. Use rollout.name=hf, or "
+                "router_replay.mode=R2 (no rollout routing needed).",
             )
 
     def _check_rollout_correction(self) -> None:

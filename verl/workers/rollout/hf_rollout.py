@@ -9,7 +9,8 @@ Batch contract (upstream keys)::
          non_tensor multi_modal_inputs (per-row processor outputs: pixel_values, image_grid_thw) for image rows
          meta_info: eos_token_id, pad_token_id, do_sample, validate (use rollout.val_kwargs), n (optional)
     out: prompts (B*n, P), responses (B*n, R), input_ids / attention_mask / position_ids (B*n, P + R),
-         rollout_log_probs (B*n, R) when rollout.calculate_log_probs
+         rollout_log_probs (B*n, R) when rollout.calculate_log_probs,
+         routed_experts (B*n, P + R, L, k) when rollout.enable_rollout_routing_replay (router replay R3)
 
 ``n``: the trainer repeats every prompt ``rollout.n`` times itself before calling (upstream v0.7 layout), so each
 input row gets ONE response by default; ``meta_info["n"] = k`` asks this rollout to repeat-interleave the prompts
@@ -28,6 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from tensordict import TensorDict
 
+from verl.models.transformers.router_replay import RoutingStepRecorder
 from verl.protocol import DataProto
 from verl.utils.fsdp_utils import adapter_for
 from verl.utils.torch_functional import get_response_mask, pad_sequence_to_length
@@ -114,10 +116,12 @@ class HFRollout(BaseRollout):
         suppressed = self._placeholder_token_ids()
         if suppressed:
             kwargs["suppress_tokens"] = suppressed
+        recorder = self._routing_recorder(prompts.meta_info)
+        routing = None
         was_training = self.module.training
         self.module.eval()
         try:
-            with _inference_params(self.module):
+            with _inference_params(self.module), recorder or contextlib.nullcontext():
                 out = self._generate_fn()(
                     input_ids=idx,
                     attention_mask=attention_mask,
@@ -131,9 +135,52 @@ class HFRollout(BaseRollout):
                     **self._vision_inputs(prompts, idx),
                     **kwargs,
                 )
+                if recorder is not None:
+                    routing = self._rollout_routing(recorder, out, attention_mask)
         finally:
             self.module.train(was_training)
-        return self._assemble(idx, attention_mask, position_ids, out, eos, pad)
+        data = self._assemble(idx, attention_mask, position_ids, out, eos, pad)
+        if routing is not None:
+            data.batch["routed_experts"] = routing
+        return data
+
+    def _routing_recorder(self, meta_info: dict) -> RoutingStepRecorder | None:
+        """R3 (``rollout.enable_rollout_routing_replay``): record the MoE routing of every ``generate`` forward;
+        not for validation, whose responses are never trained on."""
+        if not getattr(self.config, "enable_rollout_routing_replay", False) or meta_info.get("validate", False):
+            return None
+        return RoutingStepRecorder(self._hf_model())
+
+    def _rollout_routing(self, recorder: RoutingStepRecorder, out, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``routed_experts`` ``(B, P + R, L, k)`` aligned with ``input_ids``: the prefill forward gives the prompt
+        tokens' routing, decoding step ``j`` the routing of response token ``j``; padding positions (prompt pads, pads after
+        an EOS: masked) hold the pad tokens' routing, columns never generated 0.
+
+        The last sampled token is never fed to the model inside ``generate`` (nothing is sampled after it), so one
+        more decoding step on generate's own cache records it; under ``synced_gpus`` every rank runs that step
+        (a forward gathers sharded parameters, so all ranks must), and a rank that already has it discards it."""
+        batch_size, prompt_length = attention_mask.shape
+        generated = out.sequences.shape[1] - prompt_length
+        if recorder.num_forwards < generated + 1 or self._synced():
+            self._decode_last_token(out, attention_mask)
+        return assemble_rollout_routing(
+            recorder.steps, batch_size, prompt_length, generated, self.config.response_length
+        )
+
+    def _decode_last_token(self, out, attention_mask: torch.Tensor) -> None:
+        """One decoding step of ``out.sequences[:, -1]`` on ``generate``'s returned cache, built by the model's own
+        ``prepare_inputs_for_generation`` (the forward ``generate``'s next step would run)."""
+        model = self._hf_model()
+        cache_key = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+        cache = getattr(out, cache_key, None)
+        if cache is None:
+            raise RuntimeError("rollout routing: generate returned no KV cache to decode the last token with")
+        new = cache.get_seq_length() + 1 - attention_mask.shape[1]
+        mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], new)], dim=-1)
+        inputs = model.prepare_inputs_for_generation(
+            out.sequences, next_sequence_length=1, attention_mask=mask, use_cache=True, **{cache_key: cache}
+        )
+        model(**inputs, return_dict=True)
 
     def _placeholder_token_ids(self) -> list[int]:
         """Image/video placeholder ids of a multimodal model: a response must never contain one, since the next
@@ -197,6 +244,26 @@ def _sampled_log_probs(scores: tuple[torch.Tensor, ...], response: torch.Tensor,
         logp = torch.log_softmax(step_scores.float(), dim=-1)
         out[:, step] = logp.gather(-1, response[:, step : step + 1]).squeeze(-1)
     return out.masked_fill(mask == 0, 0.0)
+
+
+def assemble_rollout_routing(
+    steps: list[torch.Tensor], batch_size: int, prompt_length: int, generated: int, response_length: int
+) -> torch.Tensor:
+    """``(B, P + R, L, k)`` from the per-forward routing of ``generate``: ``steps[0]`` ``(B * P, L, k)`` (prefill,
+    row-major), ``steps[1 + j]`` ``(B, L, k)`` (the forward that fed response token ``j``); later forwards (a
+    finished rank stepping on under ``synced_gpus``) are dropped, columns past ``generated`` are 0."""
+    prefill, decode = steps[0], steps[1 : generated + 1]
+    if prefill.shape[0] != batch_size * prompt_length or len(decode) != generated:
+        raise RuntimeError(
+            f"rollout routing: expected a prefill of {batch_size}x{prompt_length} tokens and {generated} decoding "
+            f"forwards, got {prefill.shape[0]} tokens and {len(decode)} forwards"
+        )
+    layers_topk = tuple(prefill.shape[1:])
+    routing = prefill.new_zeros((batch_size, prompt_length + response_length, *layers_topk))
+    routing[:, :prompt_length] = prefill.reshape(batch_size, prompt_length, *layers_topk)
+    if generated:
+        routing[:, prompt_length : prompt_length + generated] = torch.stack(decode, dim=1)
+    return routing
 
 
 def _inference_params(module: nn.Module):
