@@ -21,8 +21,10 @@ What is counted, per device (FSDP shards over ``trainer.nnodes x trainer.n_gpus_
   ``use_dynamic_bsz``, else ``ppo_micro_batch_size_per_gpu x (max_prompt_length + max_response_length)``, divided by
   the Ulysses SP size. Per token and layer, the tensors autograd keeps are counted from the architecture
   (:func:`layer_activation_elems`: projections, norms, the GDN / attention intermediates, router logits and the
-  top-k experts' intermediates). With gradient checkpointing a layer keeps only its input (``hidden`` values per
-  token) and one layer at a time is recomputed in backward; without, every layer keeps its full set;
+  top-k experts' intermediates), times :data:`AUTOGRAD_FACTOR` (2.7, measured) for the intermediates autograd keeps
+  besides those. With gradient checkpointing a layer keeps only its input (``hidden`` values per token) and one
+  layer at a time is recomputed in backward (its set, plus as much again for the gradients flowing through it);
+  without, every layer keeps its full set; ``model.enable_activation_offload`` moves what the layers keep to the host;
 * the log-prob chunk: the chunked LM head materialises about 2 x chunk x vocab x 4 bytes (the fp32 logits and their
   log-softmax / gradient; chunk = ``entropy_from_logits_chunk_size`` with ``entropy_from_logits_with_chunking``,
   else every token of the micro-batch);
@@ -74,6 +76,13 @@ QWEN3_5_35B_A3B = {
                       "temporal_patch_size": 2, "in_channels": 3, "spatial_merge_size": 2, "out_hidden_size": 2048},
 }
 KNOWN_ARCHITECTURES = {"Qwen3.5-35B-A3B": QWEN3_5_35B_A3B}
+# What autograd really keeps per layer over the named tensors :func:`layer_activation_elems` counts (the elementwise
+# intermediates: SiLU/sigmoid inputs, l2-normalised q/k, the GDN decay terms, routing weights and gather indices,
+# the chunked delta-rule kernel's per-chunk matrices, the CPU attention's per-segment scores). Calibrated once on the
+# CPU: one update of the wide tiny Qwen3.5-MoE (benchmarks/memory_plan_check.py, 4096 tokens, SP 1, no
+# checkpointing) measured 1072 MiB of activations where the named tensors are 399 MiB, a ratio of 2.69. The other
+# measured cases (checkpointing on, SP 2, 8192 tokens) are predicted with this factor, not fitted.
+AUTOGRAD_FACTOR = 2.7
 
 
 # ---- the model's shape -----------------------------------------------------------------------------------------
@@ -222,6 +231,7 @@ class PlanInputs:
     param_offload: bool = False
     optimizer_offload: bool = False
     gradient_checkpointing: bool = True
+    activation_offload: bool = False
     logprob_chunk: int | None = 2048  # None: the whole micro-batch at once
     use_reference: bool = False
     ref_param_offload: bool = False
@@ -253,12 +263,15 @@ def plan_memory(shape: ModelShape, inp: PlanInputs) -> Plan:
     # one unsharded unit + its full gradient; a single shard is the whole model already (nothing gathered)
     working = 2 * counts["largest_unit"] * inp.param_bytes if inp.world_size > 1 else 0.0
     tokens = math.ceil(inp.tokens_per_micro_batch / inp.sp)
-    per_layer = [layer_activation_elems(shape, t) for t in shape.layer_types]
+    per_layer = [AUTOGRAD_FACTOR * layer_activation_elems(shape, t) for t in shape.layer_types]
     if inp.gradient_checkpointing:
-        act_elems = shape.num_hidden_layers * shape.hidden_size + max(per_layer)
+        # every layer's input, plus the layer being recomputed: its saved set and the gradients flowing through it
+        kept, working_elems = shape.num_hidden_layers * shape.hidden_size, 2 * max(per_layer)
     else:
-        act_elems = sum(per_layer)
-    activations = tokens * act_elems * inp.activation_bytes
+        kept, working_elems = sum(per_layer), 0.0
+    kept_bytes = tokens * kept * inp.activation_bytes
+    activations = tokens * working_elems * inp.activation_bytes + (0.0 if inp.activation_offload else kept_bytes)
+    offloaded_activations = kept_bytes if inp.activation_offload else 0.0
     chunk = min(tokens, inp.logprob_chunk) if inp.logprob_chunk else tokens
     logprob = 2 * chunk * shape.vocab_size * 4
     ref = shard * inp.param_bytes if inp.use_reference else 0.0
@@ -274,7 +287,7 @@ def plan_memory(shape: ModelShape, inp: PlanInputs) -> Plan:
         ("AdamW m+v fp32 (sharded)", *split(moments, inp.optimizer_offload)),
         ("reference parameters", *split(ref, inp.ref_param_offload)),
         ("FSDP unsharded unit + grad", working, 0.0),
-        (f"activations ({tokens} tokens)", activations, 0.0),
+        (f"activations ({tokens} tokens)", activations, offloaded_activations),
         (f"log-prob chunk ({chunk} tokens)", logprob, 0.0),
         ("vLLM share", vllm, 0.0),
     ]
@@ -314,12 +327,19 @@ def _dtype_bytes(value: str | None, key: str, default: int) -> int:
     return DTYPE_BYTES[str(value)]
 
 
+def _engine_config(role, name: str):
+    for key in ("fsdp_config", "veomni"):
+        if role.get(key) is not None:
+            return role[key]
+    raise ValueError(f"actor_rollout_ref.{name}: neither fsdp_config nor veomni is set; the plan covers FSDP/VeOmni")
+
+
 def inputs_from_config(config, device_gib: float = DEVICE_GIB) -> PlanInputs:
     """The plan's inputs from a composed (and validated) trainer config."""
     from verl.trainer.ppo.utils import need_reference_policy
 
     actor, rollout, ref = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref
-    fsdp = actor.fsdp_config
+    fsdp = _engine_config(actor, "actor")  # the FSDP config, or VeOmni's (same offload/size keys)
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     fsdp_size = int(fsdp.get("fsdp_size", -1) or -1)
     if actor.use_dynamic_bsz:
@@ -330,22 +350,31 @@ def inputs_from_config(config, device_gib: float = DEVICE_GIB) -> PlanInputs:
         )
     param_bytes = _dtype_bytes(fsdp.get("model_dtype"), "actor.fsdp_config.model_dtype", 4)
     mixed = fsdp.get("mixed_precision") or {}
-    act_bytes = _dtype_bytes(mixed.get("param_dtype"), "actor.fsdp_config.mixed_precision.param_dtype", param_bytes)
+    if isinstance(mixed, bool):  # VeOmni: mixed_precision=True computes in bf16
+        act_bytes = 2
+    else:
+        act_bytes = _dtype_bytes(mixed.get("param_dtype"), "actor.fsdp_config.mixed_precision.param_dtype", param_bytes)
     chunked = actor.get("entropy_from_logits_with_chunking") or fsdp.get("entropy_from_logits_with_chunking")
     chunk = actor.get("entropy_from_logits_chunk_size") or fsdp.get("entropy_from_logits_chunk_size") or 2048
     return PlanInputs(
         world_size=fsdp_size if fsdp_size > 0 else world,
         gpus_per_node=int(config.trainer.n_gpus_per_node),
         tokens_per_micro_batch=tokens,
-        sp=int(actor.get("ulysses_sequence_parallel_size") or fsdp.get("ulysses_sequence_parallel_size") or 1),
+        sp=int(
+            actor.get("ulysses_sequence_parallel_size")
+            or fsdp.get("ulysses_sequence_parallel_size")
+            or fsdp.get("ulysses_parallel_size")
+            or 1
+        ),
         param_bytes=param_bytes,
         activation_bytes=act_bytes,
         param_offload=bool(fsdp.param_offload),
         optimizer_offload=bool(fsdp.optimizer_offload),
         gradient_checkpointing=bool(config.actor_rollout_ref.model.enable_gradient_checkpointing),
+        activation_offload=bool(config.actor_rollout_ref.model.get("enable_activation_offload")),
         logprob_chunk=int(chunk) if chunked else None,
         use_reference=need_reference_policy(config),
-        ref_param_offload=bool(ref.fsdp_config.param_offload),
+        ref_param_offload=bool(_engine_config(ref, "ref").param_offload),
         vllm_utilization=float(rollout.gpu_memory_utilization) if rollout.name == "vllm" else 0.0,
         free_cache_engine=bool(rollout.free_cache_engine),
         device_gib=device_gib,
@@ -366,11 +395,65 @@ def format_plan(plan: Plan, inp: PlanInputs) -> str:
     return "\n".join(lines)
 
 
+RECIPE_COLUMNS = ("params", "grads", "AdamW", "ref", "FSDP unit", "activations", "log-prob", "vLLM")
+
+
+def recipe_overrides(script: Path, env: dict[str, str] | None = None) -> list[str]:
+    """The overrides a recipe launches (``VERL_PRINT_OVERRIDES=1``), in a clean environment with its defaults."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as home:
+        run_env = {"PATH": os.environ["PATH"], "HOME": home, "VERL_PRINT_OVERRIDES": "1", **(env or {})}
+        done = subprocess.run(["bash", str(script)], env=run_env, capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        raise ValueError(f"{script}: VERL_PRINT_OVERRIDES=1 failed: {done.stderr.strip()[-500:]}")
+    return done.stdout.splitlines()
+
+
+def recipes_table(recipe_dir: Path, device_gib: float = DEVICE_GIB) -> str:
+    """One markdown row per recipe of ``recipe_dir`` (and the long-sequence 128K profile): GiB per device
+    (device + host where offloaded), the device peak, host RAM per node, and whether it fits."""
+    cases = [(p, {}) for p in sorted(recipe_dir.glob("run_*.sh"))]
+    cases += [(p, {"SEQ_PROFILE": "128k"}) for p, _ in list(cases) if "longseq" in p.name]
+    head = ["recipe", *RECIPE_COLUMNS, "device peak", "host / node", f"fits {device_gib:g} GiB"]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for script, env in cases:
+        label = script.name + "".join(f" ({k}={v})" for k, v in env.items())
+        skip = "not planned: the CPU quickstart (a tiny model built at launch)"
+        if "verl.trainer.main_ppo" in script.read_text():
+            config = compose_config(recipe_overrides(script, env))
+            path = str(config.actor_rollout_ref.model.path)
+            try:
+                shape = load_shape(path)
+            except ValueError:
+                shape, skip = None, f"not planned: `{path}` has no known architecture; run the tool with a local copy"
+        if "verl.trainer.main_ppo" not in script.read_text() or shape is None:
+            lines.append(f"| {label} | " + " | ".join(["–"] * (len(head) - 2)) + f" | {skip} |")
+            continue
+        inputs = inputs_from_config(config, device_gib)
+        plan = plan_memory(shape, inputs)
+        cells = [_cell(dev, host) for _, dev, host in plan.rows]
+        cells += [f"{plan.device_peak / GIB:.1f}", f"{plan.host_per_node / GIB:.0f}", "yes" if plan.fits else "**no**"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(device: float, host: float) -> str:
+    if host:
+        return f"{device / GIB:.1f} (+{host / GIB:.1f} host)" if device else f"host {host / GIB:.1f}"
+    return f"{device / GIB:.1f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device-gib", type=float, default=DEVICE_GIB, help="device memory (default: 64, 910B)")
+    parser.add_argument("--recipes", metavar="DIR", help="print the table of every run_*.sh recipe in DIR instead")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for verl.trainer.main_ppo")
     args = parser.parse_args(argv)
+    if args.recipes:
+        print(recipes_table(Path(args.recipes), args.device_gib))
+        return 0
     try:
         config = compose_config(args.overrides)
         shape = load_shape(str(config.actor_rollout_ref.model.path))
