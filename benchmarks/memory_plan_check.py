@@ -21,12 +21,14 @@ columns, not the split, and the offload cases are not measured separately.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,10 +66,8 @@ def _trim() -> None:
     import ctypes
 
     gc.collect()
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
 
 
 def _rank(rank: int, case: dict, out_dir: str, init_file: str) -> None:
@@ -105,7 +105,7 @@ def worker(case: dict) -> dict:
             _rank(0, case, tmp, init_file)
         else:
             mp.spawn(_rank, args=(case, tmp, init_file), nprocs=case["sp"], join=True)
-        ranks = [json.load(open(os.path.join(tmp, f"{r}.json"))) for r in range(case["sp"])]
+        ranks = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(case["sp"])]
     return {"measured": max(r["measured"] for r in ranks), "reset": all(r["reset"] for r in ranks)}
 
 

@@ -72,8 +72,16 @@ QWEN3_5_35B_A3B = {
     "moe_intermediate_size": 512,
     "shared_expert_intermediate_size": 512,
     "tie_word_embeddings": False,
-    "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 16,
-                      "temporal_patch_size": 2, "in_channels": 3, "spatial_merge_size": 2, "out_hidden_size": 2048},
+    "vision_config": {
+        "depth": 27,
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+        "spatial_merge_size": 2,
+        "out_hidden_size": 2048,
+    },
 }
 KNOWN_ARCHITECTURES = {"Qwen3.5-35B-A3B": QWEN3_5_35B_A3B}
 # What autograd really keeps per layer over the named tensors :func:`layer_activation_elems` counts (the elementwise
