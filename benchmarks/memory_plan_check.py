@@ -15,7 +15,9 @@ kernel's high-water mark (``/proc/self/clear_refs`` = 5); then it builds the mod
 log-prob chunks together, since on the CPU device and host memory are the same memory. The prediction is
 ``plan_memory`` for one device holding the whole model (no FSDP sharding: these ranks are SP ranks of one
 unsharded model), so with parameter/optimizer offload the CPU can only check the sum of the device and host
-columns, not the split, and the offload cases are not measured separately.
+columns, not the split: parameter/optimizer offload is not measured here. The activation-offload case
+(``enable_activation_offloading``, what ``model.enable_activation_offload`` turns on) moves the checkpointed layer
+inputs to host memory, which on the CPU is a copy into the same memory, so its total is compared likewise.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ CASES = [
     {"sp": 1, "ckpt": True},
     {"sp": 2, "ckpt": True},
     {"sp": 1, "ckpt": False},
+    {"sp": 1, "ckpt": True, "offload": True},
 ]
 
 
@@ -86,6 +89,10 @@ def _rank(rank: int, case: dict, out_dir: str, init_file: str) -> None:
     before = _status_bytes("VmRSS")
     reset = _reset_peak()
     model = _build(case["ckpt"])
+    if case.get("offload"):
+        from verl.utils.activation_offload import enable_activation_offloading
+
+        enable_activation_offloading(model, "fsdp2", enable_ckpt=case["ckpt"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     _update(model, optimizer, _packed(64), group)  # creates the AdamW state
     _update(model, optimizer, _packed(case["tokens"]), group)
@@ -110,7 +117,8 @@ def worker(case: dict) -> dict:
 
 
 def predict(case: dict) -> float:
-    """``plan_memory``'s device peak for the case (one unsharded device, fp32, no vLLM)."""
+    """``plan_memory``'s device peak plus what it puts on the host, for the case (one unsharded device, fp32, no
+    vLLM): on the CPU both are the same memory."""
     from verl.tools.memory_plan import ModelShape, PlanInputs, plan_memory
 
     shape = ModelShape.from_config_dict(tiny_config().to_dict())
@@ -120,9 +128,11 @@ def predict(case: dict) -> float:
         tokens_per_micro_batch=case["tokens"],
         sp=case["sp"],
         gradient_checkpointing=case["ckpt"],
+        activation_offload=bool(case.get("offload")),
         logprob_chunk=CHUNK,
     )
-    return plan_memory(shape, inputs).device_peak
+    plan = plan_memory(shape, inputs)
+    return plan.device_peak + sum(host for _, _, host in plan.rows)
 
 
 def measure(case: dict) -> dict:
@@ -143,16 +153,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--worker", metavar="CASE_JSON", help=argparse.SUPPRESS)
+    parser.add_argument("--cases", type=lambda v: [int(i) for i in v.split(",")], help="indices into CASES")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    print(f"{'tokens':>7} {'SP':>3} {'ckpt':>5} {'measured MiB':>13} {'predicted MiB':>14} {'error':>7}")
-    for case in CASES:
+    print(
+        f"{'tokens':>7} {'SP':>3} {'ckpt':>5} {'act. offload':>12} {'measured MiB':>13} {'predicted MiB':>14} {'error':>7}"
+    )
+    for case in [CASES[i] for i in args.cases] if args.cases else CASES:
         r = measure({**case, "tokens": args.tokens})
         note = "" if r["reset"] else "  (peak not reset)"
         print(
-            f"{args.tokens:>7} {case['sp']:>3} {'on' if case['ckpt'] else 'off':>5} {r['measured'] / MIB:>13.1f}"
+            f"{args.tokens:>7} {case['sp']:>3} {'on' if case['ckpt'] else 'off':>5}"
+            f" {'on' if case.get('offload') else 'off':>12} {r['measured'] / MIB:>13.1f}"
             f" {r['predicted'] / MIB:>14.1f} {100 * r['error']:>6.1f}%{note}",
             flush=True,
         )
