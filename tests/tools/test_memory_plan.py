@@ -126,9 +126,14 @@ def test_inputs_from_the_fsdp2_recipe():
     assert (inputs.logprob_chunk, inputs.vllm_utilization, inputs.param_bytes) == (2048, 0.6, 4)
 
 
-def test_cli_prints_a_table(capsys):
+def test_cli_prints_a_table_and_refuses_a_bad_config(capsys):
+    """A config main_ppo would refuse is refused with its message (exit 2); a valid one prints the table."""
     overrides = ["actor_rollout_ref.model.path=Qwen/Qwen3.5-35B-A3B", "actor_rollout_ref.rollout.name=vllm"]
-    assert main(overrides) == 0
+    assert main(overrides) == 2
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in capsys.readouterr().err
+    micro = [f"actor_rollout_ref.{role}_micro_batch_size_per_gpu=1" for role in ("actor.ppo", "ref.log_prob")]
+    micro += ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1", "algorithm.adv_estimator=grpo"]
+    assert main(overrides + micro) == 0
     out = capsys.readouterr().out
     assert "| AdamW m+v fp32 (sharded) |" in out and "Device peak" in out
 
