@@ -2,7 +2,8 @@
 
     python -m verl.tools.memory_plan <hydra overrides>            # the same overrides main_ppo takes
     python -m verl.tools.memory_plan --device-gib 80 <overrides>  # another device size
-    VERL_PRINT_OVERRIDES=1 bash recipes/qwen3_5/<recipe>.sh | xargs python -m verl.tools.memory_plan
+    python -m verl.tools.memory_plan $(VERL_PRINT_OVERRIDES=1 bash recipes/qwen3_5/<recipe>.sh)
+    python -m verl.tools.memory_plan --recipes recipes/qwen3_5    # the table of docs/recipes.md
 
 The config is composed from ``ppo_trainer`` with Hydra and checked with the validation ``main_ppo`` runs before Ray
 (all of it except the device and logger-package checks: a plan is made on any machine, not on the cluster). The
