@@ -89,6 +89,7 @@ def test_plan_arithmetic_by_hand():
     assert rows["vLLM share"] == (32 * GIB, 0.0)  # 0.5 * 64 GiB
     # resident 6752 + 3376 = 10128; training 10128 + 6080 + 163040 + 4096 = 183344; rollout 10128 + 32 GiB (peak)
     assert plan.device_peak == pytest.approx(32 * GIB + 10128)
+    assert plan.training_peak == pytest.approx(183344)
     assert plan.host_per_node == (3376 + 3376) * 2
     assert plan.fits
     kept = plan_memory(SMALL, PlanInputs(**{**inputs.__dict__, "free_cache_engine": False}))
@@ -126,6 +127,16 @@ def test_inputs_from_the_fsdp2_recipe():
     assert (inputs.world_size, inputs.gpus_per_node, inputs.tokens_per_micro_batch, inputs.sp) == (16, 8, 3072, 1)
     assert inputs.param_offload and inputs.optimizer_offload and inputs.ref_param_offload and inputs.use_reference
     assert (inputs.logprob_chunk, inputs.vllm_utilization, inputs.param_bytes) == (2048, 0.6, 4)
+
+
+def test_inputs_from_the_128k_profile():
+    """Dynamic batch size with SP 8: a micro-batch is ppo_max_token_len_per_gpu (16384) x 8 = 131072 tokens, each
+    device holds 16384 of them; activation offload is on."""
+    script = RECIPE_DIR / "run_qwen3_5_35b_a3b_grpo_longseq.sh"
+    config = compose_config(recipe_overrides(script, {"SEQ_PROFILE": "128k"}))
+    assert config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 16384
+    inputs = inputs_from_config(config)
+    assert (inputs.tokens_per_micro_batch, inputs.sp, inputs.activation_offload) == (131072, 8, True)
 
 
 def test_cli_prints_a_table_and_refuses_a_bad_config(capsys):

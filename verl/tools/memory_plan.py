@@ -18,9 +18,9 @@ What is counted, per device (FSDP shards over ``trainer.nnodes x trainer.n_gpus_
   the moments;
 * the unsharded working set of FSDP: the largest wrapped unit (one decoder layer, or the embedding / LM head) is
   all-gathered with its full gradient before the reduce-scatter: 2 x that unit;
-* activations for the tokens one device holds in one micro-batch: ``ppo_max_token_len_per_gpu`` with
-  ``use_dynamic_bsz``, else ``ppo_micro_batch_size_per_gpu x (max_prompt_length + max_response_length)``, divided by
-  the Ulysses SP size. Per token and layer, the tensors autograd keeps are counted from the architecture
+* activations for the tokens one device holds in one micro-batch: the micro-batch is ``ppo_max_token_len_per_gpu x
+  SP`` tokens with ``use_dynamic_bsz`` (the workers' rule), else ``ppo_micro_batch_size_per_gpu x
+  (max_prompt_length + max_response_length)``, and each device holds 1 / SP of it (Ulysses). Per token and layer, the tensors autograd keeps are counted from the architecture
   (:func:`layer_activation_elems`: projections, norms, the GDN / attention intermediates, router logits and the
   top-k experts' intermediates), times :data:`AUTOGRAD_FACTOR` (2.7, measured) for the intermediates autograd keeps
   besides those. With gradient checkpointing a layer keeps only its input (``hidden`` values per token) and one
@@ -255,6 +255,7 @@ class Plan:
 
     rows: list[tuple[str, float, float]] = field(default_factory=list)  # (item, device bytes, host bytes per device)
     device_peak: float = 0.0
+    training_peak: float = 0.0
     host_per_node: float = 0.0
     device_bytes: float = 0.0
 
@@ -303,7 +304,8 @@ def plan_memory(shape: ModelShape, inp: PlanInputs) -> Plan:
     resident = sum(row[1] for row in plan.rows[:4])
     training = resident + working + activations + logprob
     rollout = resident + vllm
-    plan.device_peak = max(rollout, training) if inp.free_cache_engine else training + vllm
+    plan.training_peak = training if inp.free_cache_engine else training + vllm
+    plan.device_peak = max(rollout, plan.training_peak)
     plan.host_per_node = sum(row[2] for row in plan.rows) * inp.gpus_per_node
     return plan
 
@@ -349,10 +351,16 @@ def inputs_from_config(config, device_gib: float = DEVICE_GIB) -> PlanInputs:
 
     actor, rollout, ref = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref
     fsdp = _engine_config(actor, "actor")  # the FSDP config, or VeOmni's (same offload/size keys)
+    sp = int(
+        actor.get("ulysses_sequence_parallel_size")
+        or fsdp.get("ulysses_sequence_parallel_size")
+        or fsdp.get("ulysses_parallel_size")
+        or 1
+    )
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     fsdp_size = int(fsdp.get("fsdp_size", -1) or -1)
-    if actor.use_dynamic_bsz:
-        tokens = int(actor.ppo_max_token_len_per_gpu)
+    if actor.use_dynamic_bsz:  # a micro-batch holds ppo_max_token_len_per_gpu x SP tokens (upstream's rule)
+        tokens = int(actor.ppo_max_token_len_per_gpu) * sp
     else:
         tokens = int(actor.ppo_micro_batch_size_per_gpu or 1) * (
             int(config.data.max_prompt_length) + int(config.data.max_response_length)
@@ -369,12 +377,7 @@ def inputs_from_config(config, device_gib: float = DEVICE_GIB) -> PlanInputs:
         world_size=fsdp_size if fsdp_size > 0 else world,
         gpus_per_node=int(config.trainer.n_gpus_per_node),
         tokens_per_micro_batch=tokens,
-        sp=int(
-            actor.get("ulysses_sequence_parallel_size")
-            or fsdp.get("ulysses_sequence_parallel_size")
-            or fsdp.get("ulysses_parallel_size")
-            or 1
-        ),
+        sp=sp,
         param_bytes=param_bytes,
         activation_bytes=act_bytes,
         param_offload=bool(fsdp.param_offload),
@@ -398,6 +401,7 @@ def format_plan(plan: Plan, inp: PlanInputs) -> str:
     lines += [
         "",
         f"Device peak {plan.device_peak / GIB:.1f} GiB of {inp.device_gib:g} GiB: {verdict} "
+        f"(training phase {plan.training_peak / GIB:.1f} GiB) "
         f"(FSDP over {inp.world_size}, SP {inp.sp}, {inp.tokens_per_micro_batch} tokens per micro-batch); "
         f"host RAM for offloaded state {plan.host_per_node / GIB:.1f} GiB per node ({inp.gpus_per_node} devices).",
     ]
@@ -425,7 +429,7 @@ def recipes_table(recipe_dir: Path, device_gib: float = DEVICE_GIB) -> str:
     (device + host where offloaded), the device peak, host RAM per node, and whether it fits."""
     cases = [(p, {}) for p in sorted(recipe_dir.glob("run_*.sh"))]
     cases += [(p, {"SEQ_PROFILE": "128k"}) for p, _ in list(cases) if "longseq" in p.name]
-    head = ["recipe", *RECIPE_COLUMNS, "device peak", "host / node", f"fits {device_gib:g} GiB"]
+    head = ["recipe", *RECIPE_COLUMNS, "training phase", "device peak", "host / node", f"fits {device_gib:g} GiB"]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for script, env in cases:
         label = script.name + "".join(f" ({k}={v})" for k, v in env.items())
@@ -443,7 +447,12 @@ def recipes_table(recipe_dir: Path, device_gib: float = DEVICE_GIB) -> str:
         inputs = inputs_from_config(config, device_gib)
         plan = plan_memory(shape, inputs)
         cells = [_cell(dev, host) for _, dev, host in plan.rows]
-        cells += [f"{plan.device_peak / GIB:.1f}", f"{plan.host_per_node / GIB:.0f}", "yes" if plan.fits else "**no**"]
+        cells += [
+            f"{plan.training_peak / GIB:.1f}",
+            f"{plan.device_peak / GIB:.1f}",
+            f"{plan.host_per_node / GIB:.0f}",
+            "yes" if plan.fits else "**no**",
+        ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
