@@ -15,7 +15,9 @@ What is counted, per device (FSDP shards over ``trainer.nnodes x trainer.n_gpus_
 * parameters, gradients (the parameter dtype, ``fsdp_config.model_dtype``) and AdamW's two moments (fp32, 8 bytes
   per parameter; with fp32 parameters these are also the master weights, no separate copy), each divided by the
   FSDP size; ``param_offload`` moves parameters and gradients to the host between phases, ``optimizer_offload``
-  the moments;
+  the moments (the table's device/host columns say where they live between phases); the actor update loads them
+  back onto the device for its whole duration (the workers' placement), so offload lowers the rollout phase, not
+  the update;
 * the unsharded working set of FSDP: the largest wrapped unit (one decoder layer, or the embedding / LM head) is
   all-gathered with its full gradient before the reduce-scatter: 2 x that unit;
 * activations for the tokens one device holds in one micro-batch: the micro-batch is ``ppo_max_token_len_per_gpu x
@@ -32,7 +34,8 @@ What is counted, per device (FSDP shards over ``trainer.nnodes x trainer.n_gpus_
 * the reference model's sharded parameters (when a reference policy is used) unless ``ref.fsdp_config.param_offload``;
 * vLLM's share, ``rollout.gpu_memory_utilization x device memory``. With ``free_cache_engine`` vLLM releases it while
   the actor trains, so the device peak is the larger of the rollout phase (vLLM + what stays resident) and the
-  training phase (resident + working set + activations + log-prob chunk); without, both add up.
+  training phase (the actor's parameters, gradients and AdamW state, the reference model unless offloaded, the
+  working set, activations and the log-prob chunk); without, both add up.
 
 Per host: what the offload flags move there for every device of the node (``n_gpus_per_node``). Not counted:
 framework and allocator overhead (CANN / HCCL workspaces, fragmentation: budget a few GiB), the vision tower's
@@ -301,8 +304,11 @@ def plan_memory(shape: ModelShape, inp: PlanInputs) -> Plan:
         (f"log-prob chunk ({chunk} tokens)", logprob, 0.0),
         ("vLLM share", vllm, 0.0),
     ]
+    # between phases only what is not offloaded stays on the device; the actor update moves its offloaded
+    # parameters, gradients and AdamW state back (the workers' placement), the reference model stays where it is
     resident = sum(row[1] for row in plan.rows[:4])
-    training = resident + working + activations + logprob
+    ref_on_device = plan.rows[3][1]
+    training = params + grads + moments + ref_on_device + working + activations + logprob
     rollout = resident + vllm
     plan.training_peak = training if inp.free_cache_engine else training + vllm
     plan.device_peak = max(rollout, plan.training_peak)
