@@ -24,6 +24,9 @@ def test_parallel_sizes_by_hand():
         dp_size=8, dp_replicate_size=2, dp_shard_size=4, ulysses_size=2, ep_size=4
     )
     assert parallel_sizes(VeOmniEngineConfig(), 8) == ParallelSizes(8, 1, 8, 1, 1)
+    # VeOmni's rule (ep divides dp_shard x ulysses): world 16, ulysses 4 -> dp 4 shards; ep 8 divides 4 x 4 = 16
+    wide = VeOmniEngineConfig(ulysses_parallel_size=4, expert_parallel_size=8)
+    assert parallel_sizes(wide, 16) == ParallelSizes(4, 1, 4, 4, 8)
 
 
 @pytest.mark.parametrize(
@@ -31,7 +34,9 @@ def test_parallel_sizes_by_hand():
     [
         ({"ulysses_parallel_size": 3}, 8, "ulysses_parallel_size"),  # 8 % 3 != 0
         ({"fsdp_size": 3}, 8, "fsdp_size"),  # dp 8 % 3 != 0
-        ({"expert_parallel_size": 3}, 8, "expert_parallel_size"),  # dp 8 % 3 != 0
+        ({"expert_parallel_size": 3}, 8, "expert_parallel_size"),  # shard 8 x ulysses 1 = 8, 8 % 3 != 0
+        # fsdp_size 2 x ulysses 2 = 4 ranks per parameter shard group, 4 % 8 != 0
+        ({"expert_parallel_size": 8, "fsdp_size": 2, "ulysses_parallel_size": 2}, 16, "expert_parallel_size"),
     ],
 )
 def test_parallel_sizes_errors_name_the_key(overrides, world, key):

@@ -54,7 +54,8 @@ class ParallelSizes:
 
 
 def parallel_sizes(config: VeOmniEngineConfig, world_size: int) -> ParallelSizes:
-    """Mesh sizes from the config. Example: world 16, ulysses 2, fsdp_size 4 → dp 8 = 2 replicas × 4 shards."""
+    """Mesh sizes from the config. Example: world 16, ulysses 2, fsdp_size 4 → dp 8 = 2 replicas × 4 shards; experts
+    split within the 4 × 2 = 8 ranks of one parameter shard group (VeOmni's ``dp_shard_sp``)."""
     sp, ep = config.ulysses_parallel_size, config.expert_parallel_size
     if world_size % sp:
         raise ConfigError("ulysses_parallel_size", f"({sp}) must divide the number of ranks ({world_size}).")
@@ -62,8 +63,12 @@ def parallel_sizes(config: VeOmniEngineConfig, world_size: int) -> ParallelSizes
     shard = dp if config.fsdp_size == -1 else config.fsdp_size
     if dp % shard:
         raise ConfigError("fsdp_size", f"({shard}) must divide the data-parallel size {dp} (= ranks / ulysses).")
-    if dp % ep:
-        raise ConfigError("expert_parallel_size", f"({ep}) must divide the data-parallel size {dp}.")
+    # VeOmni shards parameters over dp_shard x ulysses (its `dp_shard_sp` mesh) and carves the expert groups out of it
+    if (shard * sp) % ep:
+        raise ConfigError(
+            "expert_parallel_size",
+            f"({ep}) must divide the parameter-shard size {shard * sp} (= fsdp shard {shard} x ulysses {sp}).",
+        )
     return ParallelSizes(dp, dp // shard, shard, sp, ep)
 
 
