@@ -114,6 +114,16 @@ def test_veomni_ulysses_is_accepted_and_drives_dispatch_and_reference(compose_co
             "actor_rollout_ref.actor.veomni.ulysses_parallel_size",
             "use_remove_padding=True",
         ),
+        # the reference follows the actor's SP size, so its own attention must have VeOmni's Ulysses variant
+        (
+            [
+                "model_engine=veomni",
+                "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2",
+                "actor_rollout_ref.ref.veomni.attn_implementation=sdpa",
+            ],
+            "actor_rollout_ref.ref.veomni.attn_implementation",
+            "flash_attention_2",
+        ),
         # the workers dispatch actor and reference rows by one (dp, sp) layout
         (
             [

@@ -89,16 +89,20 @@ def test_parameter_names_ignore_var_keyword():
 
 
 def test_ops_implementation_rewrites_flash_attention_for_ulysses():
-    """Invariant: with Ulysses > 1 flash_attention_2 becomes VeOmni's SP variant; sdpa and SP 1 are unchanged; every
-    kernel switch is passed through (Qwen3.5 GDN kernels must be chosen explicitly on NPU)."""
+    """Invariant: with Ulysses > 1 flash_attention_2 (and flex) become VeOmni's SP variants; SP 1 is unchanged;
+    sdpa under SP (no all-to-all in VeOmni: each rank would attend within its slice) is refused naming the key;
+    every kernel switch is passed through (Qwen3.5 GDN kernels must be chosen explicitly on NPU)."""
     sp = VeOmniEngineConfig(ulysses_parallel_size=2, chunk_gated_delta_rule_implementation="npu_ascendc")
     ops = ops_implementation_kwargs(sp)
     assert ops["attn_implementation"] == "veomni_flash_attention_2_with_sp"
     assert ops["chunk_gated_delta_rule_implementation"] == "npu_ascendc" and ops["moe_implementation"] == "fused"
     assert len(ops) == 10
     assert ops_implementation_kwargs(VeOmniEngineConfig())["attn_implementation"] == "flash_attention_2"
-    sdpa = VeOmniEngineConfig(ulysses_parallel_size=2, attn_implementation="sdpa")
-    assert ops_implementation_kwargs(sdpa)["attn_implementation"] == "sdpa"
+    flex = VeOmniEngineConfig(ulysses_parallel_size=2, attn_implementation="flex_attention")
+    assert ops_implementation_kwargs(flex)["attn_implementation"] == "veomni_flex_attention_with_sp"
+    assert ops_implementation_kwargs(VeOmniEngineConfig(attn_implementation="sdpa"))["attn_implementation"] == "sdpa"
+    with pytest.raises(ConfigError, match=r"attn_implementation.*sdpa.*ulysses_parallel_size"):
+        VeOmniEngineConfig(ulysses_parallel_size=2, attn_implementation="sdpa")
 
 
 def test_foundation_model_kwargs():

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.base_config import ConfigError
-from verl.workers.config.engine import VEOMNI_TORCH_DTYPES, VeOmniEngineConfig
+from verl.workers.config.engine import VEOMNI_TORCH_DTYPES, VeOmniEngineConfig, veomni_attention
 
 __all__ = [
     "ParallelSizes",
@@ -110,10 +110,8 @@ def parallel_state_kwargs(
 
 
 def ops_implementation_kwargs(config: VeOmniEngineConfig) -> dict[str, str]:
-    """Fields of VeOmni's ``OpsImplementationConfig``; flash attention gets VeOmni's SP variant when Ulysses > 1."""
-    attn = config.attn_implementation
-    if config.ulysses_parallel_size > 1 and attn.startswith("flash_attention"):
-        attn = f"veomni_{attn}_with_sp"
+    """Fields of VeOmni's ``OpsImplementationConfig``; the attention gets VeOmni's SP variant when Ulysses > 1."""
+    attn = veomni_attention(config.attn_implementation, config.ulysses_parallel_size)
     return {"attn_implementation": attn, **{name: getattr(config, name) for name in _OP_FIELDS}}
 
 
