@@ -129,3 +129,24 @@ def test_engine_keywords_match_the_real_veomni_0_1_12():
     assert set(kwargs) <= set(params["init_parallel_state"]) and kwargs["ulysses_size"] == 2
     assert "seq_classification" in params["SequenceParallelCollator"]
     assert {"x", "gather_dim", "padding_dim", "unpad_dim_size", "group"} <= set(params["gather_outputs"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(VEOMNI_PYTHON), reason="no real veomni environment at /tmp/venv-veomni")
+def test_sp_hooks_with_the_real_veomni_collator_and_gather_equal_sp_1():
+    """Invariant: with the real veomni 0.1.12 (init_parallel_state, SequenceParallelCollator, gather_outputs) at
+    world 2, SP 2, the engine's hooks feed each rank 22 of the 43 tokens (padded to 44), and the per-token model's
+    gathered logits (1, 43, V) and dp-mean embedding gradient equal the SP 1 ones (tolerance 0: the same fp32 ops
+    on the same tokens; only the order of the gradient sum over two ranks could differ, by rounding)."""
+    script = os.path.join(os.path.dirname(__file__), "../../../../envs/veomni_cpu/check_sequence_parallel_hooks.py")
+    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "../../../.."))
+    env = dict(os.environ, PYTHONPATH=repo)
+    run = subprocess.run([VEOMNI_PYTHON, script], capture_output=True, text=True, timeout=400, env=env, cwd=repo)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["sp_rank"] for r in results) == [0, 1]
+    for result in results:
+        assert result["fed"] == [[1, 43], [1, 22]]  # the SP 1 reference call, then this rank's slice
+        assert result["out"] == [1, 43, 64]
+        assert result["max_abs_diff"] == 0.0
+        assert result["grad_max_abs_diff"] <= 1e-6
