@@ -4,8 +4,8 @@
 VeOmni's entry points changed keyword names between releases (``ep_size`` vs ``extra_parallel_sizes``,
 ``mixed_precision=MixedPrecisionConfig(...)`` vs ``enable_mixed_precision``, ``enable_full_shard`` vs
 ``enable_reshard_after_forward``). The mapping below is written once, as pure functions of the config and of the
-*parameter names* of the installed function, so it is unit-tested without VeOmni (which cannot be installed next
-to the CPU stack: ``shared/reference/cpu_environment.md`` §6) and picks the spelling the installed release takes.
+*parameter names* of the installed function, so it is unit-tested without VeOmni (whose Qwen3.5 forward cannot run
+on a CPU, docs/veomni.md) and picks the spelling the installed release takes.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["VeOmniEngine", "VeOmniEngineWithLMHead", "import_veomni"]
 
 INSTALL_HINT = "pip install verl[veomni]"
-_DEVICES = ("cuda", "npu")  # VeOmni knows no CPU collective backend (cpu_environment.md §6)
+_DEVICES = ("cuda", "npu")  # VeOmni's Qwen3.5 Gated DeltaNet has Triton kernels only (docs/veomni.md)
 
 
 def import_veomni(submodule: str) -> ModuleType:
