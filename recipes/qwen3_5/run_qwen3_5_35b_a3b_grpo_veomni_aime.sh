@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GRPO on Qwen3.5-35B-A3B with the VeOmni training engine (engine workers, model_engine=veomni: FSDP2 full
 # shard + expert parallelism built by VeOmni), vLLM rollout, text only (AIME-style math).
-# The field report trained 2K -> 20K sequences with this backend using VeOmni's Ulysses SP. This distribution's
-# VeOmni engine does not wire VeOmni's SP to the packed stream yet (veomni.ulysses_parallel_size > 1 is refused
-# before Ray starts): for 20K sequences use run_qwen3_5_35b_a3b_grpo_longseq.sh (FSDP2 + Ulysses SP).
+# The field report trained 2K -> 20K sequences with this backend using VeOmni's Ulysses SP: SP_SIZE sets
+# veomni.ulysses_parallel_size (VeOmni's own SP: its collator shards the packed stream, its attention and Gated
+# DeltaNet layers split heads over the group; text only, SP_SIZE must divide the GDN and attention head counts).
+# Its wiring is checked on the CPU against a stand-in only (docs/veomni.md); the other route to 20K sequences is
+# run_qwen3_5_35b_a3b_grpo_longseq.sh (FSDP2 + this repository's own Ulysses SP).
 #
 # Targets:  2 nodes x Atlas 800T A2 (8 x Ascend 910B, 64 GB HBM each) = 16 NPUs, CANN >= 8.5.1, the image of
 #           docker/ascend/Dockerfile plus the `veomni` extra (pip install -e .[npu,veomni]) and VeOmni's NPU
@@ -28,6 +30,7 @@ NPUS_PER_NODE=${NPUS_PER_NODE:-8}
 DEVICE=${DEVICE:-npu}
 ROLLOUT_TP=${ROLLOUT_TP:-4}
 EP_SIZE=${EP_SIZE:-8}
+SP_SIZE=${SP_SIZE:-1}
 GDN_KERNELS=${GDN_KERNELS:-npu}
 TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-64}
 PPO_MINI_BATCH_SIZE=${PPO_MINI_BATCH_SIZE:-16}
@@ -66,8 +69,8 @@ OVERRIDES=(
     actor_rollout_ref.actor.veomni.param_offload=True
     actor_rollout_ref.actor.veomni.optimizer_offload=True
     actor_rollout_ref.actor.veomni.enable_full_shard=True
-    # VeOmni Ulysses SP: only 1 is supported here (see the header)
-    actor_rollout_ref.actor.veomni.ulysses_parallel_size=1
+    # VeOmni's own Ulysses SP (see the header); the reference follows this size
+    "actor_rollout_ref.actor.veomni.ulysses_parallel_size=${SP_SIZE}"
     "actor_rollout_ref.actor.veomni.expert_parallel_size=${EP_SIZE}"
     actor_rollout_ref.actor.veomni.entropy_from_logits_with_chunking=True
     actor_rollout_ref.actor.veomni.entropy_checkpointing=True

@@ -90,16 +90,59 @@ def test_veomni_family_builds_veomni_roles_and_an_fsdp2_critic(compose_config, u
     assert typed.actor_rollout_ref.actor.veomni.expert_parallel_size == 2
 
 
+def test_veomni_ulysses_is_accepted_and_drives_dispatch_and_reference(compose_config):
+    """Invariant: veomni.ulysses_parallel_size=2 validates (VeOmni's own SP is wired); the reference follows the
+    actor's size, and the actor's ulysses_sp_size (the workers' dispatch layout, rank // sp) is VeOmni's size."""
+    typed = _typed(compose_config, "model_engine=veomni", "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2")
+    arr = typed.actor_rollout_ref
+    assert arr.actor.veomni.ulysses_parallel_size == 2 and arr.ref.veomni.ulysses_parallel_size == 2
+    assert arr.actor.ulysses_sp_size == 2
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "fix"),
     [
         # strategy=veomni without the group: the FSDP family cannot hold VeOmni settings
         (["actor_rollout_ref.actor.strategy=veomni"], "actor_rollout_ref.actor.strategy", "model_engine=veomni"),
-        # VeOmni's own Ulysses SP is not wired: refused before Ray instead of on every worker
+        # VeOmni's Ulysses SP shards the packed stream: without it, refused before Ray (not on every worker)
         (
-            ["model_engine=veomni", "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2"],
+            [
+                "model_engine=veomni",
+                "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2",
+                "actor_rollout_ref.model.use_remove_padding=false",
+            ],
             "actor_rollout_ref.actor.veomni.ulysses_parallel_size",
-            "strategy=fsdp2",
+            "use_remove_padding=True",
+        ),
+        # the reference follows the actor's SP size, so its own attention must have VeOmni's Ulysses variant
+        (
+            [
+                "model_engine=veomni",
+                "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2",
+                "actor_rollout_ref.ref.veomni.attn_implementation=sdpa",
+            ],
+            "actor_rollout_ref.ref.veomni.attn_implementation",
+            "flash_attention_2",
+        ),
+        # under VeOmni SP each rank routes only its slice: router replay refused as under the FSDP engine's SP
+        (
+            [
+                "model_engine=veomni",
+                "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2",
+                "actor_rollout_ref.actor.router_replay.mode=R2",
+            ],
+            "actor_rollout_ref.actor.router_replay.mode",
+            "Ulysses",
+        ),
+        # the workers dispatch actor and reference rows by one (dp, sp) layout
+        (
+            [
+                "model_engine=veomni",
+                "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2",
+                "actor_rollout_ref.ref.veomni.ulysses_parallel_size=4",
+            ],
+            "actor_rollout_ref.ref.veomni.ulysses_parallel_size",
+            "follows",
         ),
         (
             ["model_engine=veomni", "trainer.use_legacy_worker_impl=enable"],

@@ -136,6 +136,9 @@ class ActorRolloutRefConfig(BaseConfig):
                 f"is a {type(self.ref).__name__} next to a {type(self.actor).__name__}: actor and reference come from "
                 "one config family; select it with model_engine=dp|veomni instead of overriding one of them.",
             )
+        if isinstance(self.ref, VeOmniRefConfig):
+            # the workers dispatch actor and reference rows by one (dp, sp) layout: one Ulysses size
+            link_keys(self, "actor.veomni.ulysses_parallel_size", "ref.veomni.ulysses_parallel_size")
         if isinstance(self.ref, FSDPRefConfig):
             # One (dp, sp) device mesh serves actor and reference in the legacy worker.
             link_keys(self, "actor.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size")

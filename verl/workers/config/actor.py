@@ -327,7 +327,13 @@ class VeOmniActorConfig(ActorConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_veomni_sequence_parallel(self.veomni)
+        check_veomni_sequence_parallel(self.veomni, self.use_remove_padding)
+
+    @property
+    def ulysses_sp_size(self) -> int:
+        """VeOmni's Ulysses size: the workers dispatch rows by ``rank // sp`` (VeOmni's mesh keeps ulysses
+        innermost, so its SP groups are the same consecutive ranks)."""
+        return self.veomni.ulysses_parallel_size
 
     @property
     def engine_config(self) -> VeOmniEngineConfig:
@@ -347,26 +353,23 @@ def check_strategy_family(key: str, strategy: str, strategies: tuple[str, ...]) 
     require_choice(key, strategy, strategies)
 
 
-def check_veomni_sequence_parallel(engine: VeOmniEngineConfig) -> None:
-    """VeOmni's own Ulysses SP is not wired to the shared core's packed stream (the engine would refuse it at
-    build time, on every worker): refuse it here, before Ray starts."""
-    if engine.ulysses_parallel_size != 1:
-        raise ConfigError(
-            "veomni.ulysses_parallel_size",
-            f"({engine.ulysses_parallel_size}) > 1 is not supported by this distribution's VeOmni engine yet: set it "
-            "to 1, or use actor_rollout_ref.actor.strategy=fsdp2 with ulysses_sequence_parallel_size for long "
-            "sequences (recipes/qwen3_5/run_qwen3_5_35b_a3b_grpo_longseq.sh).",
-        )
+def check_veomni_sequence_parallel(engine: VeOmniEngineConfig, use_remove_padding: bool) -> None:
+    """VeOmni's Ulysses SP shards the packed token stream (VeOmni's own sequence-parallel collator slices it),
+    so ``veomni.ulysses_parallel_size > 1`` needs the packed forward; refused here, before Ray starts."""
+    check_sequence_parallel(engine.ulysses_parallel_size, use_remove_padding, sp_key="veomni.ulysses_parallel_size")
 
 
 def check_sequence_parallel(
-    sp_size: int, use_remove_padding: bool, remove_padding_key: str = "actor_rollout_ref.model.use_remove_padding"
+    sp_size: int,
+    use_remove_padding: bool,
+    remove_padding_key: str = "actor_rollout_ref.model.use_remove_padding",
+    sp_key: str = "ulysses_sequence_parallel_size",
 ) -> None:
     """Ulysses SP slices the packed token stream, so it needs the remove-padding path."""
-    require_positive("ulysses_sequence_parallel_size", sp_size)
+    require_positive(sp_key, sp_size)
     if sp_size > 1 and not use_remove_padding:
         raise ConfigError(
-            "ulysses_sequence_parallel_size",
+            sp_key,
             f"({sp_size}) > 1 needs the packed forward: set {remove_padding_key}=True.",
         )
 

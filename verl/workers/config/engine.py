@@ -236,6 +236,29 @@ def link_role_and_engine(
         role._normalize(engine_field, new_engine)
 
 
+VEOMNI_SP_ATTENTION = {
+    name: f"veomni_{name}_with_sp"
+    for name in ("flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention", "magi_attention")
+}
+"""`veomni.attn_implementation` values that have a Ulysses variant in VeOmni, and that variant's registered name
+(veomni 0.1.12 registers these; its eager/sdpa attention has no all-to-all)."""
+
+
+def veomni_attention(attn_implementation: str, ulysses_parallel_size: int) -> str:
+    """The attention name VeOmni is given: its Ulysses variant under SP > 1. Eager/sdpa under SP would attend only
+    within each rank's slice of the stream (silently wrong), so they are refused naming the key."""
+    if ulysses_parallel_size == 1 or attn_implementation in VEOMNI_SP_ATTENTION.values():
+        return attn_implementation
+    if attn_implementation not in VEOMNI_SP_ATTENTION:
+        raise ConfigError(
+            "attn_implementation",
+            f"({attn_implementation}) has no Ulysses sequence-parallel variant in VeOmni, but "
+            f"{{node}}.ulysses_parallel_size is {ulysses_parallel_size}: use one of {sorted(VEOMNI_SP_ATTENTION)}, "
+            "or ulysses_parallel_size=1.",
+        )
+    return VEOMNI_SP_ATTENTION[attn_implementation]
+
+
 VEOMNI_TORCH_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 """`veomni.model_dtype` spellings and the torch dtype name VeOmni takes for each."""
 
@@ -312,7 +335,7 @@ class VeOmniEngineConfig(BaseConfig):
     """Recompute entropy in backward."""
 
     attn_implementation: str = "flash_attention_2"
-    """Attention kernel; with Ulysses > 1 a flash-attention name becomes ``veomni_<name>_with_sp``."""
+    """Attention kernel; with Ulysses > 1 it becomes VeOmni's ``veomni_<name>_with_sp`` (flash/flex/magi only)."""
 
     moe_implementation: str = "fused"
     """MoE experts kernel (fused GroupGEMM; VeOmni maps it to fused_npu on Ascend)."""
@@ -357,6 +380,7 @@ class VeOmniEngineConfig(BaseConfig):
         require_positive("entropy_from_logits_chunk_size", self.entropy_from_logits_chunk_size)
         require_choice("init_device", self.init_device, ("meta", "cpu", "cuda", "npu"))
         require_choice("model_dtype", self.model_dtype, tuple(VEOMNI_TORCH_DTYPES))
+        veomni_attention(self.attn_implementation, self.ulysses_parallel_size)
         if self.fsdp_size == 0 or self.fsdp_size < -1:
             raise ConfigError("fsdp_size", f"must be -1 (all ranks) or a positive group size, got {self.fsdp_size}.")
 

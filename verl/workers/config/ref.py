@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 from verl.base_config import BaseConfig, ConfigError, require_positive
-from verl.workers.config.actor import check_offload_policy, check_strategy_family, check_veomni_sequence_parallel
+from verl.workers.config.actor import check_offload_policy, check_strategy_family
 from verl.workers.config.batch import check_micro_batch_settings
 from verl.workers.config.engine import FSDP_STRATEGIES, FSDPEngineConfig, VeOmniEngineConfig, link_role_and_engine
 
@@ -118,10 +118,6 @@ class VeOmniRefConfig(RefConfig):
 
     veomni: VeOmniEngineConfig = field(default_factory=lambda: VeOmniEngineConfig(forward_only=True))
     """Forward-only VeOmni engine; its kernel choices are the reference's own (not inherited from the actor)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_veomni_sequence_parallel(self.veomni)
 
     @property
     def engine_config(self) -> VeOmniEngineConfig:

@@ -24,6 +24,9 @@ def test_parallel_sizes_by_hand():
         dp_size=8, dp_replicate_size=2, dp_shard_size=4, ulysses_size=2, ep_size=4
     )
     assert parallel_sizes(VeOmniEngineConfig(), 8) == ParallelSizes(8, 1, 8, 1, 1)
+    # VeOmni's rule (ep divides dp_shard x ulysses): world 16, ulysses 4 -> dp 4 shards; ep 8 divides 4 x 4 = 16
+    wide = VeOmniEngineConfig(ulysses_parallel_size=4, expert_parallel_size=8)
+    assert parallel_sizes(wide, 16) == ParallelSizes(4, 1, 4, 4, 8)
 
 
 @pytest.mark.parametrize(
@@ -31,7 +34,9 @@ def test_parallel_sizes_by_hand():
     [
         ({"ulysses_parallel_size": 3}, 8, "ulysses_parallel_size"),  # 8 % 3 != 0
         ({"fsdp_size": 3}, 8, "fsdp_size"),  # dp 8 % 3 != 0
-        ({"expert_parallel_size": 3}, 8, "expert_parallel_size"),  # dp 8 % 3 != 0
+        ({"expert_parallel_size": 3}, 8, "expert_parallel_size"),  # shard 8 x ulysses 1 = 8, 8 % 3 != 0
+        # fsdp_size 2 x ulysses 2 = 4 ranks per parameter shard group, 4 % 8 != 0
+        ({"expert_parallel_size": 8, "fsdp_size": 2, "ulysses_parallel_size": 2}, 16, "expert_parallel_size"),
     ],
 )
 def test_parallel_sizes_errors_name_the_key(overrides, world, key):
@@ -84,16 +89,20 @@ def test_parameter_names_ignore_var_keyword():
 
 
 def test_ops_implementation_rewrites_flash_attention_for_ulysses():
-    """Invariant: with Ulysses > 1 flash_attention_2 becomes VeOmni's SP variant; sdpa and SP 1 are unchanged; every
-    kernel switch is passed through (Qwen3.5 GDN kernels must be chosen explicitly on NPU)."""
+    """Invariant: with Ulysses > 1 flash_attention_2 (and flex) become VeOmni's SP variants; SP 1 is unchanged;
+    sdpa under SP (no all-to-all in VeOmni: each rank would attend within its slice) is refused naming the key;
+    every kernel switch is passed through (Qwen3.5 GDN kernels must be chosen explicitly on NPU)."""
     sp = VeOmniEngineConfig(ulysses_parallel_size=2, chunk_gated_delta_rule_implementation="npu_ascendc")
     ops = ops_implementation_kwargs(sp)
     assert ops["attn_implementation"] == "veomni_flash_attention_2_with_sp"
     assert ops["chunk_gated_delta_rule_implementation"] == "npu_ascendc" and ops["moe_implementation"] == "fused"
     assert len(ops) == 10
     assert ops_implementation_kwargs(VeOmniEngineConfig())["attn_implementation"] == "flash_attention_2"
-    sdpa = VeOmniEngineConfig(ulysses_parallel_size=2, attn_implementation="sdpa")
-    assert ops_implementation_kwargs(sdpa)["attn_implementation"] == "sdpa"
+    flex = VeOmniEngineConfig(ulysses_parallel_size=2, attn_implementation="flex_attention")
+    assert ops_implementation_kwargs(flex)["attn_implementation"] == "veomni_flex_attention_with_sp"
+    assert ops_implementation_kwargs(VeOmniEngineConfig(attn_implementation="sdpa"))["attn_implementation"] == "sdpa"
+    with pytest.raises(ConfigError, match=r"attn_implementation.*sdpa.*ulysses_parallel_size"):
+        VeOmniEngineConfig(ulysses_parallel_size=2, attn_implementation="sdpa")
 
 
 def test_foundation_model_kwargs():

@@ -1,10 +1,11 @@
 """VeOmniEngine (verl/workers/engine/veomni/transformer_impl.py) against a fake ``veomni`` package
 (``verl.utils.testing.fake_veomni``).
 
-VeOmni's Qwen3.5 path cannot run on a CPU (docs/cpu_notes.md "VeOmni on the CPU"), so these tests check
-the wiring only: the import guard, the arguments VeOmni's entry points receive, and that once VeOmni has built and
-sharded the model every computation is the shared core's (same log-probs as the FSDP engine). They do not cover
-VeOmni's own kernels, Ulysses or expert parallelism.
+VeOmni's Qwen3.5 forward cannot run on a CPU (docs/veomni.md), so these tests check the wiring only: the import
+guard, the arguments VeOmni's entry points receive, and that once the stand-in has built and sharded the model
+every computation is the shared core's (same log-probs as the FSDP engine: the stand-in is this repository's FSDP2,
+so this is not a VeOmni result). They do not cover VeOmni's own kernels or expert parallelism; VeOmni's Ulysses SP
+wiring is in test_sequence_parallel.py.
 """
 
 import sys

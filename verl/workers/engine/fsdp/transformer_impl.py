@@ -297,6 +297,15 @@ class FSDPEngine(BaseEngine):
         """The dp group of the core's global counts and dynamic batching (None = the world, when SP is 1)."""
         return self.layout.dp_group
 
+    def _core_ulysses_group(self) -> Any:
+        """The Ulysses group the core's packed forward splits the stream over (this engine's own SP)."""
+        return self.layout.ulysses_group
+
+    def _model_sequence_parallel(self) -> contextlib.AbstractContextManager:
+        """Scope of one core forward; a backend whose model runs sequence parallelism itself (VeOmni) wraps the
+        core's whole-stream call here and returns None from :meth:`_core_ulysses_group`."""
+        return contextlib.nullcontext()
+
     def is_mp_src_rank_with_outputs(self) -> bool:
         """Only SP rank 0 of each Ulysses group returns outputs (its peers hold the same rows)."""
         return self.layout.is_collect
@@ -337,17 +346,18 @@ class FSDPEngineWithLMHead(FSDPEngine):
                 "data.meta_info['temperature'] is missing; the worker sets it from actor_rollout_ref.rollout.temperature"
             )
         batch = micro_batch.batch
-        return forward_log_probs(
-            self.module,
-            batch,
-            response_length=batch["responses"].shape[-1],
-            temperature=meta["temperature"],
-            calculate_entropy=bool(meta.get("calculate_entropy", False)),
-            options=self.log_prob_options,
-            multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
-            ulysses_group=self.layout.ulysses_group,
-            routing=self._routing(micro_batch, meta.get(ROUTER_REPLAY_META_KEY)),
-        )
+        with self._model_sequence_parallel():
+            return forward_log_probs(
+                self.module,
+                batch,
+                response_length=batch["responses"].shape[-1],
+                temperature=meta["temperature"],
+                calculate_entropy=bool(meta.get("calculate_entropy", False)),
+                options=self.log_prob_options,
+                multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
+                ulysses_group=self._core_ulysses_group(),
+                routing=self._routing(micro_batch, meta.get(ROUTER_REPLAY_META_KEY)),
+            )
 
     def forward_backward_batch(
         self, data: DataProto, loss_function: LossFunction | None = None, forward_only: bool = False

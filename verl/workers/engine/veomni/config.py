@@ -4,8 +4,8 @@
 VeOmni's entry points changed keyword names between releases (``ep_size`` vs ``extra_parallel_sizes``,
 ``mixed_precision=MixedPrecisionConfig(...)`` vs ``enable_mixed_precision``, ``enable_full_shard`` vs
 ``enable_reshard_after_forward``). The mapping below is written once, as pure functions of the config and of the
-*parameter names* of the installed function, so it is unit-tested without VeOmni (whose Qwen3.5 path cannot run
-on a CPU: docs/cpu_notes.md "VeOmni on the CPU") and picks the spelling the installed release takes.
+*parameter names* of the installed function, so it is unit-tested without VeOmni (whose Qwen3.5 forward cannot run
+on a CPU, docs/veomni.md) and picks the spelling the installed release takes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.base_config import ConfigError
-from verl.workers.config.engine import VEOMNI_TORCH_DTYPES, VeOmniEngineConfig
+from verl.workers.config.engine import VEOMNI_TORCH_DTYPES, VeOmniEngineConfig, veomni_attention
 
 __all__ = [
     "ParallelSizes",
@@ -54,7 +54,8 @@ class ParallelSizes:
 
 
 def parallel_sizes(config: VeOmniEngineConfig, world_size: int) -> ParallelSizes:
-    """Mesh sizes from the config. Example: world 16, ulysses 2, fsdp_size 4 → dp 8 = 2 replicas × 4 shards."""
+    """Mesh sizes from the config. Example: world 16, ulysses 2, fsdp_size 4 → dp 8 = 2 replicas × 4 shards; experts
+    split within the 4 × 2 = 8 ranks of one parameter shard group (VeOmni's ``dp_shard_sp``)."""
     sp, ep = config.ulysses_parallel_size, config.expert_parallel_size
     if world_size % sp:
         raise ConfigError("ulysses_parallel_size", f"({sp}) must divide the number of ranks ({world_size}).")
@@ -62,8 +63,12 @@ def parallel_sizes(config: VeOmniEngineConfig, world_size: int) -> ParallelSizes
     shard = dp if config.fsdp_size == -1 else config.fsdp_size
     if dp % shard:
         raise ConfigError("fsdp_size", f"({shard}) must divide the data-parallel size {dp} (= ranks / ulysses).")
-    if dp % ep:
-        raise ConfigError("expert_parallel_size", f"({ep}) must divide the data-parallel size {dp}.")
+    # VeOmni shards parameters over dp_shard x ulysses (its `dp_shard_sp` mesh) and carves the expert groups out of it
+    if (shard * sp) % ep:
+        raise ConfigError(
+            "expert_parallel_size",
+            f"({ep}) must divide the parameter-shard size {shard * sp} (= fsdp shard {shard} x ulysses {sp}).",
+        )
     return ParallelSizes(dp, dp // shard, shard, sp, ep)
 
 
@@ -105,10 +110,8 @@ def parallel_state_kwargs(
 
 
 def ops_implementation_kwargs(config: VeOmniEngineConfig) -> dict[str, str]:
-    """Fields of VeOmni's ``OpsImplementationConfig``; flash attention gets VeOmni's SP variant when Ulysses > 1."""
-    attn = config.attn_implementation
-    if config.ulysses_parallel_size > 1 and attn.startswith("flash_attention"):
-        attn = f"veomni_{attn}_with_sp"
+    """Fields of VeOmni's ``OpsImplementationConfig``; the attention gets VeOmni's SP variant when Ulysses > 1."""
+    attn = veomni_attention(config.attn_implementation, config.ulysses_parallel_size)
     return {"attn_implementation": attn, **{name: getattr(config, name) for name in _OP_FIELDS}}
 
 

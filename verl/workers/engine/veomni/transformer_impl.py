@@ -2,20 +2,24 @@
 
 Only model construction differs from :class:`~verl.workers.engine.fsdp.FSDPEngine`: VeOmni initialises its parallel
 state (FSDP2 × Ulysses × expert parallel mesh), builds its patched model class with the configured kernels and
-shards it with FSDP2. Everything after that — the packed forward, log-probs, losses, micro-batching, clipping,
+shards it with FSDP2. With ``ulysses_parallel_size > 1`` VeOmni's own sequence parallelism runs inside its model;
+the engine feeds each rank its slice of the packed stream through VeOmni's collator and gathers the hidden states
+with VeOmni's ``gather_outputs`` (``sequence_parallel.py``). Everything after that — the packed forward, log-probs, losses, micro-batching, clipping,
 checkpoints, weight sync — is the FSDP engine's, i.e. the shared core, so results do not depend on the backend.
 
 ``veomni`` is optional and imported only in :meth:`VeOmniEngine.initialize`; when it is missing (or broken, e.g.
-built for another transformers release) the error says how to install it. Its Qwen3.5 path cannot run on a CPU
-(docs/cpu_notes.md "VeOmni on the CPU", docs/veomni.md), so it is tested here with a fake module.
+built for another transformers release) the error says how to install it. Its Qwen3.5 forward cannot run on a CPU
+(docs/veomni.md), so the CPU tests use a stand-in module (``verl.utils.testing.fake_veomni``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 from types import ModuleType
+from typing import Any
 
 import torch.distributed as dist
 import torch.nn as nn
@@ -34,13 +38,14 @@ from verl.workers.engine.veomni.config import (
     parallelize_kwargs,
     parameter_names,
 )
+from verl.workers.engine.veomni.sequence_parallel import veomni_sequence_parallel
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["VeOmniEngine", "VeOmniEngineWithLMHead", "import_veomni"]
 
 INSTALL_HINT = "pip install verl[veomni]"
-_DEVICES = ("cuda", "npu")  # VeOmni's packed GDN kernels are Triton-only (docs/veomni.md)
+_DEVICES = ("cuda", "npu")  # VeOmni's Qwen3.5 Gated DeltaNet has Triton kernels only (docs/veomni.md)
 
 
 def import_veomni(submodule: str) -> ModuleType:
@@ -75,14 +80,47 @@ class VeOmniEngine(FSDPEngine):
             raise ValueError(f"the VeOmni engine needs strategy=veomni, got {strategy!r}")
         return strategy
 
+    def initialize(self) -> None:
+        """VeOmni's parallel state first: its mesh (``dp_replicate × dp_shard × ulysses``, ulysses innermost) gives
+        the dp and Ulysses groups the core and the dispatch use; then the FSDP engine's lifecycle."""
+        if not dist.is_initialized():
+            raise RuntimeError("the VeOmni engine needs torch.distributed initialised (the engine worker does it)")
+        parallel_state = import_veomni("distributed.parallel_state")
+        init = parallel_state.init_parallel_state
+        cfg = self.engine_config
+        init(**parallel_state_kwargs(cfg, dist.get_world_size(), get_device_name(), parameter_names(init)))
+        if cfg.ulysses_parallel_size > 1:
+            self._adopt_sequence_parallel(parallel_state.get_parallel_state())
+        super().initialize()
+
+    def _adopt_sequence_parallel(self, state: Any) -> None:
+        """Use VeOmni's own dp/ulysses groups and its SP collator and gather (``sequence_parallel.py``)."""
+        layout = self.layout
+        if (state.sp_size, state.sp_rank, state.dp_rank) != (layout.sp_size, layout.sp_rank, layout.dp_rank):
+            raise RuntimeError(
+                f"VeOmni's mesh puts rank {layout.rank} at (sp size, sp rank, dp rank) = "
+                f"{(state.sp_size, state.sp_rank, state.dp_rank)}, the worker's dispatch at "
+                f"{(layout.sp_size, layout.sp_rank, layout.dp_rank)}; install a veomni release whose ulysses mesh "
+                f"dimension is innermost ({INSTALL_HINT})"
+            )
+        layout.dp_group, layout.ulysses_group = state.dp_group, state.sp_group  # build_groups() is then a no-op
+        self._sp_group = state.sp_group
+        self._sp_collator = import_veomni("data.data_collator").SequenceParallelCollator(seq_classification=True)
+        self._sp_gather = import_veomni("distributed.sequence_parallel").gather_outputs
+
+    def _core_ulysses_group(self) -> Any:
+        """None: VeOmni's model runs the Ulysses all-to-all itself, the core must not split the stream again."""
+        return None
+
+    def _model_sequence_parallel(self) -> contextlib.AbstractContextManager:
+        if self.engine_config.ulysses_parallel_size == 1:
+            return contextlib.nullcontext()
+        return veomni_sequence_parallel(
+            self._require_module(), collator=self._sp_collator, gather_outputs=self._sp_gather, group=self._sp_group
+        )
+
     def _build_model(self) -> FSDPModel:
         """VeOmni's sharded model with the core's optimizer and lr schedule (as every engine)."""
-        if self.engine_config.ulysses_parallel_size > 1:
-            raise ValueError(
-                "veomni.ulysses_parallel_size > 1: VeOmni's own sequence parallelism is not wired to the shared "
-                "core's packed stream yet; use ulysses_parallel_size=1, or strategy=fsdp2 with "
-                "ulysses_sequence_parallel_size"
-            )
         module = self._build_sharded_module()
         built = FSDPModel(module=module, hf_config=getattr(module, "config", None))
         if not self.engine_config.forward_only:
@@ -91,12 +129,7 @@ class VeOmniEngine(FSDPEngine):
         return built
 
     def _build_sharded_module(self) -> nn.Module:
-        if not dist.is_initialized():
-            raise RuntimeError("the VeOmni engine needs torch.distributed initialised (the engine worker does it)")
         cfg, path = self.engine_config, os.path.expanduser(self.model_config.path)
-        parallel_state = import_veomni("distributed.parallel_state")
-        init = parallel_state.init_parallel_state
-        init(**parallel_state_kwargs(cfg, dist.get_world_size(), get_device_name(), parameter_names(init)))
         arguments = import_veomni("arguments")
         ops = arguments.OpsImplementationConfig(**ops_implementation_kwargs(cfg))
         build = import_veomni("models.auto").build_foundation_model
