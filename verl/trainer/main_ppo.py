@@ -43,8 +43,9 @@ def prepare_config(config: DictConfig) -> DictConfig:
     config = migrate_legacy_reward_impl(config)
     auto_set_device(config)
     validate_device(config.trainer.device)
-    check_logger_packages(config.trainer.logger)  # a missing tracker package fails here, not after the models load
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    # after the keys are known good (a misspelt key is the first thing to report); still before Ray and the models
+    check_logger_packages(config.trainer.logger)
     return config
 
 
