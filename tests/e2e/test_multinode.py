@@ -99,8 +99,8 @@ def doc_launch() -> DocLaunch:
     found: dict[str, list[str]] = {}
     for line in block.strip().splitlines():
         line = line.strip()
-        if not line or line.startswith("#") or line.startswith("source recipes/qwen3_5/common.sh"):
-            continue  # comments; the CANN/HCCL environment (the NPU part)
+        if not line or line.startswith(("#", "source recipes/qwen3_5/common.sh", "export VERL_NIC=")):
+            continue  # comments; the CANN/HCCL environment and its NIC choice (the NPU part; here: loopback)
         tokens = shlex.split(line.replace("<your overrides>", "__OVERRIDES__"))
         command = tokens[len(_assignments(tokens)) :]
         if command[:3] == ["ray", "start", "--head"]:
@@ -125,9 +125,11 @@ def _assignments(tokens: list[str]) -> list[str]:
 
 
 def _localize(tokens: list[str], port: int) -> tuple[dict[str, str], list[str]]:
-    """(env assignments, argv) with <head-ip> -> 127.0.0.1 and 6379 -> ``port``; ``python -m X`` under the
-    loopback launcher."""
-    tokens = [t.replace("<head-ip>", LOOPBACK).replace("6379", str(port)) for t in tokens]
+    """(env assignments, argv) with <head-ip> and <this-node-ip> -> 127.0.0.1 and 6379 -> ``port``; ``python -m X``
+    under the loopback launcher."""
+    tokens = [
+        t.replace("<head-ip>", LOOPBACK).replace("<this-node-ip>", LOOPBACK).replace("6379", str(port)) for t in tokens
+    ]
     env = dict(t.split("=", 1) for t in _assignments(tokens))
     argv = tokens[len(env) :]
     if argv[:2] == ["python", "-m"]:
