@@ -294,10 +294,14 @@ def test_rollout_never_samples_an_image_placeholder(model, checkpoint, tmp_path)
     """A response holding ``<|image_pad|>`` would break the next forward (one more image slot than image features).
     The LM head is edited so that the placeholder's logit is 3x the greedy first token's (positive) logit: without
     the rollout's suppression greedy decoding would emit it first; with it, it never appears."""
-    import copy
+    from transformers import AutoModelForImageTextToText
+
+    from verl.models.transformers.patch_registry import apply_patches
 
     prompts = _prompts(_dataset(checkpoint, tmp_path, ROWS[:1]))
-    edited = copy.deepcopy(model)
+    # a fresh copy to edit (deepcopy of a patched, hooked module recursed once the whole suite had run before it)
+    edited = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    apply_patches(edited, platform="cpu", report=False)
     first = _rollout(edited, do_sample=False).generate_sequences(prompts).batch["responses"][0, 0]
     head = edited.get_output_embeddings().weight
     with torch.no_grad():
