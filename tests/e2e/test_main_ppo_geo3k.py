@@ -8,8 +8,9 @@ Invariants:
 * (slow) The run learns to read the colour from the image: mean score of the last 5 steps >= the first 5 + 0.2,
   with the vision tower trained (40 steps at the quickstart lr 2e-3; measured: first 5 steps 0.35, steps 32-36
   0.63) and frozen (60 steps at lr 1e-3, at which it does not collapse; measured: first 5 0.33, steps 56-60 0.68).
-  Budget: 3-8 s per step on 2 shared CPU cores (about 5 and 8 min a run); up to 20 s per step when other runs
-  saturate the machine, hence the generous timeout.
+  Budget: 2.5-8 s per step on 2 shared CPU cores (measured 105 s and 160 s for the two runs, asset preparation
+  included, on a lightly loaded machine); up to 20 s per step when other runs saturate it, hence the generous
+  timeout.
 """
 
 from __future__ import annotations
