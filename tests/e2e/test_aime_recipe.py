@@ -52,11 +52,6 @@ CPU_REPLACEMENTS = {
     "trainer.test_freq": "-1",
     "trainer.val_before_train": "False",
 }
-FP32 = [
-    f"actor_rollout_ref.{role}.fsdp_config.{key}"
-    for role in ("actor", "ref")
-    for key in ("dtype=float32", "model_dtype=fp32")
-]
 # The recipe's sizes, through its own environment variables: 1 CPU "device", 2 prompts x 2 responses, short lengths.
 RECIPE_ENV = dict(
     NNODES="1", NPUS_PER_NODE="1", DEVICE="cpu", ROLLOUT_TP="1", TRAIN_BATCH_SIZE="2", PPO_MINI_BATCH_SIZE="2",
@@ -119,10 +114,6 @@ def test_aime_preprocess_then_recipe_overrides_train_three_steps(tmp_path):
             f"trainer.log_dir={tmp_path / 'logs'}",
             "ray_kwargs.ray_init.num_cpus=2",
             "data.dataloader_num_workers=0",
-            # not set by the recipe; the defaults (bf16 compute) fail with the HF rollout on an FSDP1 module:
-            # generate bypasses the root unit's input cast, so fp32 hidden states meet bf16 layer weights (the
-            # recipe's vLLM rollout does not go through generate)
-            *FP32,
         ],
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")

@@ -343,11 +343,7 @@ class FSDP1Adapter(FSDPAdapter):
             module.load_state_dict(state_dict)
 
     def inference_params(self, module):
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        # root unit only: nested units gather their own parameters in their forward, which must not run inside
-        # a recursive full-params context
-        return FullyShardedDataParallel.summon_full_params(module, writeback=False, recurse=False)
+        return _fsdp1_root_unsharded(module)
 
     def offload_params(self, module):
         _move_fsdp1_flat_params(module, torch.device("cpu"))
@@ -470,6 +466,40 @@ def _fsdp2_root_unsharded(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         module.reshard()
+
+
+@contextlib.contextmanager
+def _fsdp1_root_unsharded(module: nn.Module) -> Iterator[None]:
+    """The FSDP1 root unit's parameters gathered exactly as its forward gathers them: in ``param_dtype``.
+
+    Not ``summon_full_params``: that always gathers in full precision, so under bf16 mixed precision the root's
+    modules (embeddings, final norm, lm_head, the vision tower's patch embed/merger) would run in fp32 while the
+    nested units (decoder layers) run in bf16, and the first bf16 layer fails on the fp32 hidden states ("expected
+    ... the same dtype, but got: float != c10::BFloat16") -- and even where it ran, generate would sample from
+    other numerics than the forward that scores the samples. Only the root: the nested units gather theirs in
+    their own forward, which needs their handles idle. The handle calls are the ones FSDP1's pre-forward makes
+    (torch.distributed.fsdp._runtime_utils); the handle is in its FORWARD state while it unshards because only then
+    does FSDP1 (``use_orig_params=False``) point the modules' parameters at the gathered low-precision data --
+    otherwise they keep their construction-time fp32 tensors (or a freed earlier gather)."""
+    from torch.distributed.fsdp._common_utils import HandleTrainingState
+    from torch.distributed.fsdp._runtime_utils import _lazy_init, _reshard, _unshard
+
+    _lazy_init(module, module)
+    handle = module._handle
+    if handle is None:  # the root holds no parameters of its own
+        yield
+        return
+    free_after = handle.needs_unshard()  # NO_SHARD keeps its (full-size) shard
+    stream = module._device_handle.current_stream()
+    handle._training_state = HandleTrainingState.FORWARD
+    try:
+        _unshard(module, handle, stream, stream)
+    finally:
+        handle._training_state = HandleTrainingState.IDLE
+    try:
+        yield
+    finally:
+        _reshard(module, handle, free_after)
 
 
 @contextlib.contextmanager
