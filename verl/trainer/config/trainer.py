@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
+from verl.utils.tracking import SUPPORTED_BACKENDS
 
 __all__ = ["LOGGER_BACKENDS", "RAY_RUNTIME_ENV_FIELDS", "GlobalProfilerConfig", "RayKwargsConfig", "TrainerConfig"]
 
-LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb")
-"""Experiment-tracking backends of verl.utils.tracking.Tracking."""
+LOGGER_BACKENDS = SUPPORTED_BACKENDS
+"""Experiment-tracking backends of verl.utils.tracking.Tracking (one list: what Tracking builds is what validates)."""
 
 DEVICES = ("cpu", "cuda", "npu")
 
@@ -56,8 +57,8 @@ class TrainerConfig(BaseConfig):
     """Run name in the trackers and the checkpoint path."""
 
     logger: Union[list[str], str] = field(default_factory=lambda: ["console", "wandb"])
-    """Tracking backends: console | file | tensorboard | wandb. The default includes wandb (upstream's); without
-    wandb installed use e.g. trainer.logger=[console,file]."""
+    """Tracking backends: console | file | tensorboard | wandb | swanlab | mlflow. The default includes wandb
+    (upstream's); without wandb installed use e.g. trainer.logger=[console,file]."""
 
     log_dir: Optional[str] = None
     """Directory of the file and tensorboard backends (file: <log_dir>/metrics.jsonl, tensorboard:
