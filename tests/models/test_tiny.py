@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+import transformers
+from packaging import version
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from verl.models.tiny import TINY_KINDS, build_tiny_model, save_tiny_checkpoint, tiny_config
@@ -134,6 +136,14 @@ def test_real_35b_a3b_config_builds_on_meta_and_gets_every_patch():
     total = sum(p.numel() for p in model.parameters())
     assert 35.0e9 < total < 35.2e9  # 35.107 B (docs/qwen3_5.md, "Architecture and size")
     statuses = apply_patches(model, platform="cpu", report=False)
-    assert statuses and all(s.state == "applied" for s in statuses), statuses
+    # transformers 5.4.0 (the tf_compat env) builds the attention mask inside the model, so the mask-free varlen
+    # attention cannot take over there and says so; every later release this project runs gets it applied
+    old_masking = version.parse(transformers.__version__) < version.parse("5.16")
+    for status in statuses:
+        if status.name == "varlen-attention-cpu" and old_masking:
+            assert status.state == "skipped" and "builds its attention mask itself" in status.reason, status
+        else:
+            assert status.state == "applied", status
+    assert statuses
     gdn = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
     assert len(gdn) == 30 and all(getattr(m, VARLEN_PATCHED_ATTR, False) for m in gdn)
