@@ -16,7 +16,13 @@ import torch.nn as nn
 
 from verl.models.transformers.patch_registry import PatchSkipped
 
-__all__ = ["FORWARD_GLOBALS_ATTR", "copy_with_globals", "innermost", "rebind_forward_globals"]
+__all__ = [
+    "FORWARD_GLOBALS_ATTR",
+    "WrappedAttentionFunctions",
+    "copy_with_globals",
+    "innermost",
+    "rebind_forward_globals",
+]
 
 # Attribute of a patched instance holding the globals its forward copy resolves (merged across patches).
 FORWARD_GLOBALS_ATTR = "_verl_forward_globals"
@@ -65,3 +71,22 @@ def rebind_forward_globals(module: nn.Module, **replacements: Any) -> None:
     merged = {**getattr(module, FORWARD_GLOBALS_ATTR, {}), **replacements}
     module.forward = types.MethodType(copy_with_globals(forward, merged), module)
     object.__setattr__(module, FORWARD_GLOBALS_ATTR, merged)
+
+
+class WrappedAttentionFunctions:
+    """Stands in for transformers' ``ALL_ATTENTION_FUNCTIONS`` inside one attention forward (bound there with
+    :func:`rebind_forward_globals`): every lookup returns ``wrap(<what the wrapped registry returns>)``, so a patch
+    routes packed input to its own kernel and keeps the configured implementation as the fallback."""
+
+    def __init__(self, registry: Any, wrap: Callable[[Callable], Callable]):
+        self._registry = registry
+        self._wrap = wrap
+
+    def get_interface(self, name: str, default: Callable) -> Callable:
+        return self._wrap(self._registry.get_interface(name, default))
+
+    def __getitem__(self, name: str) -> Callable:
+        return self._wrap(self._registry[name])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._registry, name)

@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from verl.models.transformers.forward_globals import innermost, rebind_forward_globals
+from verl.models.transformers.forward_globals import WrappedAttentionFunctions, innermost, rebind_forward_globals
 from verl.models.transformers.patch_registry import ModelPatch, PatchSkipped, register_patch
 from verl.models.transformers.varlen_attention import VARLEN_ATTENTION_ATTR
 from verl.utils.platform.npu import import_torch_npu
@@ -320,42 +320,23 @@ class _AttentionState:
         return self._masks[device]
 
 
-class _NpuAttentionFunctions:
-    """Stands in for ``ALL_ATTENTION_FUNCTIONS`` inside one attention forward: every lookup returns the NPU varlen
-    attention wrapping what the real registry would have returned."""
-
-    def __init__(self, registry: Any, state: _AttentionState):
-        self._registry = registry
-        self._state = state
-
-    def _wrap(self, fn: Callable) -> Callable:
-        return functools.partial(_npu_varlen_attention, fallback=fn, state=self._state)
-
-    def get_interface(self, name: str, default: Callable) -> Callable:
-        return self._wrap(self._registry.get_interface(name, default))
-
-    def __getitem__(self, name: str) -> Callable:
-        return self._wrap(self._registry[name])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._registry, name)
-
-
 def apply_npu_fusion_attention(model: nn.Module) -> None:
     torch_npu = _torch_npu("npu_fusion_attention")
     family = _family(model)
     state = _AttentionState(torch_npu)
+
+    def wrap(fn: Callable) -> Callable:
+        return functools.partial(_npu_varlen_attention, fallback=fn, state=state)
+
     for module in _instances(model, _classes(family, family.attention), "npu-fusion-attention"):
         forward_globals = innermost(type(module).forward).__globals__
         registry = forward_globals.get("ALL_ATTENTION_FUNCTIONS")
         if registry is None:
             raise PatchSkipped(f"{type(module).__name__}.forward does not use ALL_ATTENTION_FUNCTIONS")
-        replacements = {"ALL_ATTENTION_FUNCTIONS": _NpuAttentionFunctions(registry, state)}
+        replacements = {"ALL_ATTENTION_FUNCTIONS": WrappedAttentionFunctions(registry, wrap)}
         eager = forward_globals.get("eager_attention_forward")
         if eager is not None and "eager_attention_forward" in innermost(type(module).forward).__code__.co_names:
-            replacements["eager_attention_forward"] = functools.partial(
-                _npu_varlen_attention, fallback=eager, state=state
-            )
+            replacements["eager_attention_forward"] = wrap(eager)
         rebind_forward_globals(module, **replacements)
         _mark(module, "npu-fusion-attention")
         if not getattr(module, "sliding_window", None) and getattr(module, "is_causal", True):

@@ -28,7 +28,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from verl.models.transformers.forward_globals import FORWARD_GLOBALS_ATTR, innermost, rebind_forward_globals
+from verl.models.transformers.forward_globals import (
+    FORWARD_GLOBALS_ATTR,
+    WrappedAttentionFunctions,
+    innermost,
+    rebind_forward_globals,
+)
 from verl.models.transformers.patch_registry import PatchSkipped
 from verl.ops.varlen_attention import varlen_causal_attention
 
@@ -77,27 +82,6 @@ def _runs_packed(module, query, key, cu_q, cu_k, dropout, kwargs) -> bool:
     return getattr(module, "is_causal", True) and not getattr(module, "sliding_window", None)
 
 
-class _VarlenAttentionFunctions:
-    """Stands in for ``ALL_ATTENTION_FUNCTIONS`` inside one attention forward: every lookup returns
-    :func:`lean_varlen_attention` around what the wrapped registry would have returned."""
-
-    def __init__(self, registry: Any, long_segments: str):
-        self._registry = registry
-        self._long_segments = long_segments
-
-    def _wrap(self, fn: Callable) -> Callable:
-        return functools.partial(lean_varlen_attention, inner=fn, long_segments=self._long_segments)
-
-    def get_interface(self, name: str, default: Callable) -> Callable:
-        return self._wrap(self._registry.get_interface(name, default))
-
-    def __getitem__(self, name: str) -> Callable:
-        return self._wrap(self._registry[name])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._registry, name)
-
-
 def decoder_attention_modules(model: nn.Module) -> list[nn.Module]:
     """The decoder's attention instances (HF names them ``self_attn``; the vision tower's are ``attn``)."""
     found: dict[int, nn.Module] = {}
@@ -141,7 +125,12 @@ def apply_varlen_attention(model: nn.Module, *, long_segments: str) -> None:
             current = innermost(type(module).forward).__globals__.get("ALL_ATTENTION_FUNCTIONS")
         if current is None:
             raise PatchSkipped(f"{type(module).__name__}.forward does not use ALL_ATTENTION_FUNCTIONS")
-        rebind_forward_globals(module, ALL_ATTENTION_FUNCTIONS=_VarlenAttentionFunctions(current, long_segments))
+        rebind_forward_globals(
+            module,
+            ALL_ATTENTION_FUNCTIONS=WrappedAttentionFunctions(
+                current, lambda fn: functools.partial(lean_varlen_attention, inner=fn, long_segments=long_segments)
+            ),
+        )
         object.__setattr__(module, VARLEN_ATTENTION_ATTR, True)
 
 
