@@ -105,13 +105,16 @@ class vLLMRollout(BaseRollout):
             self._asleep -= set(tags)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncReport:
-        """Push HF-named weights into the engine (MoE loader repair + vLLM's ``load_weights``); cached prefixes were
-        computed with the old weights, so the prefix cache is reset."""
+        """Push HF-named weights into the engine (MoE loader repair + vLLM's ``load_weights``).
+
+        Caches of values computed with the old weights are dropped: the prefix cache (KV of cached prefixes) and the
+        encoder cache (:func:`_reset_encoder_cache`)."""
         if "weights" in self._asleep:
             raise RuntimeError("vLLMRollout.load_weights: the engine's weights are asleep; call wake_up(['weights'])")
         report = load_weights_into_vllm(self.vllm_model, weights)
         if self.config.enable_prefix_caching:
             self.llm.reset_prefix_cache()
+        _reset_encoder_cache(self.llm)
         return report
 
     # BaseRollout's asynchronous interface (upstream names)
@@ -168,6 +171,26 @@ class vLLMRollout(BaseRollout):
             return None, 1, 0
         tp_mesh = mesh["infer_tp"]
         return tp_mesh.get_group(), tp_mesh.size(), tp_mesh.get_local_rank()
+
+
+def _reset_encoder_cache(llm: Any) -> None:
+    """Forget the vision tower's cached outputs after a weight update.
+
+    vLLM V1 keeps each image's encoder output (keyed by the image's content hash) after its request finishes and
+    reuses it for any later request with the same image. An RL run shows the same images again (``rollout.n``
+    samples of a prompt, the next epoch), so without this reset the engine keeps generating from image embeddings of
+    the old vision tower: measured on the tiny Qwen3.5 VL model, a synced engine's image-prompt log-probs stayed
+    exactly those of its previous weights (tests/workers/rollout/test_vllm_vision_sync.py). For a text model the cache
+    is empty and the reset costs nothing. A vLLM engine without the call gets a warning for a multimodal model."""
+    engine = getattr(llm, "llm_engine", None)
+    reset = getattr(engine, "reset_encoder_cache", None)
+    if callable(reset):
+        reset()
+    elif getattr(getattr(engine, "model_config", None), "is_multimodal_model", False):
+        logger.warning(
+            "this vLLM has no LLMEngine.reset_encoder_cache: after a weight sync it may reuse image embeddings "
+            "computed by the previous vision tower; use a vLLM release that has it"
+        )
 
 
 def _sleep_mode_available() -> bool:
