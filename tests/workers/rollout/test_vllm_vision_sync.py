@@ -81,7 +81,6 @@ def _requests(batch, tokenizer) -> tuple[list[dict], list[dict]]:
 def _observe(engine, image_requests, text_requests) -> dict:
     """What two engines holding the same weights must agree on."""
     from verl.utils.testing.vllm import engine_weights, request_log_probs
-
     from verl.utils.vllm.loader import persistent_buffers
 
     return {
