@@ -76,6 +76,7 @@ def test_geo3k_quickstart_with_vllm(assets, tmp_path, capsys):
         "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
         log_to=log,
     )
     assert sorted(metrics) == list(range(1, STEPS + 1))

@@ -8,10 +8,13 @@ Invariants:
   pixel values) within the bf16 bound of ``test_vllm_rollout_engine.py``: mean <= 2 m_bf16, max <= 3 x_bf16,
   where m/x are the mean/max deviation of the HF model run in bf16 from its fp32 self on the same tokens.
 * The image reaches the engine: another image changes the sampled-token log-probs.
+* The rollout refuses (naming the row) engine prompt ids that differ from the actor's, e.g. images that vLLM's
+  processor expands into another number of tokens.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,3 +98,16 @@ def test_vllm_image_log_probs_within_the_bf16_bound(rollout, checkpoint, image_p
     other_gap = (out.batch["rollout_log_probs"] - moved).abs()[mask]
     print(f"[vllm image log-probs] vs other images: mean {other_gap.mean():.4f}")
     assert other_gap.mean() > 3 * gap.mean()
+
+
+def test_engine_prompt_ids_that_differ_from_the_actor_are_refused(rollout, checkpoint, image_prompts):
+    """An image the engine would expand into another number of tokens than the actor's prompt holds (here: row 0's
+    image enlarged to 40x40 after the dataset processed it at 32x32: 5x5 merged tokens instead of 4x4) fails the
+    batch with an error naming the row, instead of sampling from a sequence the actor never sees."""
+    batch = image_prompts(checkpoint)
+    data = list(batch.non_tensor_batch["multi_modal_data"])
+    data[0] = {"image": [data[0]["image"][0].resize((40, 40))]}
+    batch.non_tensor_batch["multi_modal_data"] = np.array(data, dtype=object)
+    # the actor's row 0: 42 ids with 16 image tokens; vLLM's: 42 - 16 + 25 = 51
+    with pytest.raises(RuntimeError, match=r"prompt row 0 with images: vLLM built 51 prompt tokens, .* have 42"):
+        rollout.generate_sequences(batch)
