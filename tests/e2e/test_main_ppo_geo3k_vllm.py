@@ -86,7 +86,8 @@ def test_geo3k_quickstart_with_vllm(assets, tmp_path, capsys):
     worst = 0.0
     for step, data in metrics.items():
         assert data["prompt_length/min"] == data["prompt_length/max"] == expected_length, step
-        assert data["reward/num_failed"] == 0, step
+        # the geo3k scorer grades with mathruler (setup.py); an environment built before it was declared lacks it
+        assert data["reward/num_failed"] == 0, f"step {step}: reward failures, see the log: {log}"
         assert all(math.isfinite(data[f"critic/score/{k}"]) for k in ("mean", "min", "max")), step
         worst = max(worst, data["training/rollout_log_probs_diff_mean"])
     scores = [round(metrics[s]["critic/score/mean"], 3) for s in sorted(metrics)]
