@@ -11,7 +11,7 @@ PIP_FLAGS := -q --disable-pip-version-check -c constraints-cpu.txt
 # OMP_NUM_THREADS=1: 2-thread torch slows ~5x when anything else uses a core (docs/cpu_notes.md "Threads").
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1
 
-.PHONY: venv venv-vllm quickstart quickstart-vllm test test-fast test-vllm lint bench bench-trl clean
+.PHONY: venv venv-vllm quickstart quickstart-vllm quickstart-geo3k-vllm test test-fast test-vllm lint bench bench-trl clean
 
 $(VENV)/.installed: setup.py constraints-cpu.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ quickstart: $(VENV)/.installed
 # The same quickstart with the real vLLM engine as the rollout (CPU build).
 quickstart-vllm: $(VENV_VLLM)/.installed
 	$(TEST_ENV) $(VENV_VLLM)/bin/python -m verl.trainer.quickstart actor_rollout_ref.rollout.name=vllm
+
+# The multimodal quickstart (geo3k-format images, tiny Qwen3.5 VL) with the real vLLM engine as the rollout.
+quickstart-geo3k-vllm: $(VENV_VLLM)/.installed
+	$(TEST_ENV) $(VENV_VLLM)/bin/python -m verl.trainer.quickstart --task geo3k actor_rollout_ref.rollout.name=vllm
 
 test: $(VENV)/.installed $(VENV_TF54)/.installed $(VENV_VLLM)/.installed
 	$(VENV)/bin/ruff check verl tests benchmarks examples recipes envs

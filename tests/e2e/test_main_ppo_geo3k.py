@@ -35,7 +35,10 @@ def _env() -> dict:
     return env
 
 
-def _train(assets: Path, run_dir: Path, *overrides: str, timeout_s: int = 600) -> dict[int, dict]:
+def _train(
+    assets: Path, run_dir: Path, *overrides: str, timeout_s: int = 600, log_to: Path | None = None
+) -> dict[int, dict]:
+    """main_ppo on the geo3k task (``log_to``: where its stdout + stderr go); the per-step metrics."""
     command = quickstart.main_ppo_command(
         assets,
         [
@@ -48,6 +51,8 @@ def _train(assets: Path, run_dir: Path, *overrides: str, timeout_s: int = 600) -
         task="geo3k",
     )
     done = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    if log_to is not None:
+        log_to.write_text(done.stdout + done.stderr)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     by_step: dict[int, dict] = {}
     for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines():

@@ -9,7 +9,8 @@
 3. runs ``python -m verl.trainer.main_ppo --config-name quickstart_cpu`` and prints where the per-step metrics went.
 
 ``--task geo3k`` runs the multimodal variant instead (:mod:`verl.trainer.quickstart_geo3k`): images in upstream's
-geo3k parquet format, a tiny Qwen3.5 vision-language model, the geo3k scorer.
+geo3k parquet format, a tiny Qwen3.5 vision-language model, the geo3k scorer; with the HF rollout, or the vLLM one
+(the override below, ``make quickstart-geo3k-vllm``).
 
 With ``actor_rollout_ref.rollout.name=vllm`` among the overrides it runs the real vLLM engine as the rollout
 (vLLM's CPU build, ``make quickstart-vllm``): the tiny model is built in the widths vLLM's CPU kernels accept
@@ -145,7 +146,7 @@ def main_ppo_command(out_dir: Path, extra_overrides: list[str], task: str = "dig
     if task == "geo3k":
         from verl.trainer import quickstart_geo3k
 
-        command += quickstart_geo3k.main_ppo_overrides(out_dir)  # later overrides win
+        command += quickstart_geo3k.main_ppo_overrides(out_dir, vllm=vllm)  # later overrides win
     return command + list(extra_overrides)
 
 
@@ -164,11 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.task == "geo3k":
         from verl.trainer import quickstart_geo3k
 
-        if uses_vllm(args.overrides):
-            raise SystemExit(
-                "--task geo3k runs the HF rollout only (see docs); drop actor_rollout_ref.rollout.name=vllm"
-            )
-        quickstart_geo3k.prepare(args.dir)
+        quickstart_geo3k.prepare(args.dir, profile="vllm" if uses_vllm(args.overrides) else "default")
     else:
         prepare(args.dir, profile="vllm" if uses_vllm(args.overrides) else "default")
     if args.prepare_only:

@@ -132,28 +132,44 @@ def _response_labels(input_ids, attention_mask, prompt_lengths: list[int]):
     return labels
 
 
-def prepare(out_dir: Path, seed: int = 0, warmup_steps: int = 120) -> dict[str, Path]:
+def model_dir_name(profile: str = "default") -> str:
+    """Directory (under the quickstart's ``--dir``) of the tiny VL model in ``profile`` (``verl.models.tiny``)."""
+    return "model_vl" if profile == "default" else f"model_vl_{profile}"
+
+
+def prepare(out_dir: Path, seed: int = 0, warmup_steps: int = 120, profile: str = "default") -> dict[str, Path]:
     """Write the geo3k-format parquet files and the format-warmed tiny VL model under ``out_dir`` (the model once;
-    ``warmup_steps=0``: the random-initialised model, for tests that only need the pipeline to run)."""
+    ``warmup_steps=0``: the random-initialised model, for tests that only need the pipeline to run).
+
+    ``profile="vllm"`` (the vLLM rollout): the model in the widths vLLM's CPU kernels accept, saved with the video
+    processor config vLLM's Qwen-VL input processing loads even for image-only prompts (it needs torchvision, which
+    the vLLM environment has)."""
     from verl.models.tiny_vl import save_tiny_vl_checkpoint
     from verl.utils.dataset.preprocess import write_parquet
 
-    model_dir, data_dir = out_dir / "model_vl", out_dir / "data_geo3k"
+    model_dir, data_dir = out_dir / model_dir_name(profile), out_dir / "data_geo3k"
     train_rows, val_rows = make_rows(192, seed, "train"), make_rows(24, seed + 1, "test")
     paths = {"model": model_dir, "train": data_dir / "train.parquet", "val": data_dir / "test.parquet"}
     write_parquet(train_rows, str(paths["train"]))
     write_parquet(val_rows, str(paths["val"]))
     if not (model_dir / "config.json").is_file():
-        save_tiny_vl_checkpoint(build_tokenizer(train_rows), str(model_dir), seed=seed)
+        save_tiny_vl_checkpoint(
+            build_tokenizer(train_rows), str(model_dir), seed=seed, profile=profile, video_processor=profile == "vllm"
+        )
         if warmup_steps:
             format_warmup(model_dir, train_rows, steps=warmup_steps, seed=seed)
     return paths
 
 
-def main_ppo_overrides(out_dir: Path) -> list[str]:
-    """The overrides of ``quickstart_cpu`` for this task (paths, lengths, the processor, the default scorer)."""
-    return [
-        f"actor_rollout_ref.model.path={out_dir / 'model_vl'}",
+def main_ppo_overrides(out_dir: Path, vllm: bool = False) -> list[str]:
+    """The overrides of ``quickstart_cpu`` (``quickstart_cpu_vllm`` with ``vllm``) for this task (paths, lengths, the
+    processor, the default scorer).
+
+    With vLLM: the engine turns each image into its prompt tokens with its own Qwen-VL processor, which needs the
+    tokenizer, so ``rollout.skip_tokenizer_init`` (True by default: token-id prompts need none) is off."""
+    vllm_only = ["actor_rollout_ref.rollout.skip_tokenizer_init=False"] if vllm else []
+    return vllm_only + [
+        f"actor_rollout_ref.model.path={out_dir / model_dir_name('vllm' if vllm else 'default')}",
         "actor_rollout_ref.model.trust_remote_code=True",
         "data.trust_remote_code=True",  # main_ppo loads the processor with this key (upstream)
         f"data.train_files={out_dir / 'data_geo3k' / 'train.parquet'}",

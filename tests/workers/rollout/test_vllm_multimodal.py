@@ -8,39 +8,26 @@ Invariants:
   pixel values) within the bf16 bound of ``test_vllm_rollout_engine.py``: mean <= 2 m_bf16, max <= 3 x_bf16,
   where m/x are the mean/max deviation of the HF model run in bf16 from its fp32 self on the same tokens.
 * The image reaches the engine: another image changes the sampled-token log-probs.
+* The rollout refuses (naming the row) engine prompt ids that differ from the actor's, e.g. images that vLLM's
+  processor expands into another number of tokens.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from verl.models.tiny import VISION_TOKENS
-from verl.models.tiny_vl import save_tiny_vl_checkpoint
 from verl.protocol import DataProto
-from verl.trainer.quickstart_geo3k import draw_shape
-from verl.utils.dataset.preprocess import encode_image, write_parquet
-from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
-from verl.utils.tokenizer import build_offline_tokenizer, hf_processor, hf_tokenizer
 
 pytestmark = [pytest.mark.vllm]
 
-MAX_PROMPT, RESPONSE = 160, 6
-ROWS = [
-    ("<image>what colour is the shape?", [(32, 32)]),
-    ("compare <image> the shapes <image> and <image>", [(24, 40), (32, 32), (16, 48)]),
-]
+MAX_PROMPT, RESPONSE = 160, 6  # MAX_PROMPT: the conftest's image_prompts
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny_vl_vllm")
-    tokenizer = build_offline_tokenizer(
-        ["what colour is the shape? compare the shapes. red green blue"] * 4,
-        vocab_size=300,
-        extra_special_tokens=list(VISION_TOKENS.values()),
-    )
-    return str(save_tiny_vl_checkpoint(tokenizer, str(out), profile="vllm", video_processor=True))
+def checkpoint(tiny_vl_vllm_checkpoint):
+    return tiny_vl_vllm_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -56,31 +43,6 @@ def rollout(checkpoint):
     engine = vLLMRollout(config, HFModelConfig(path=checkpoint, trust_remote_code=True))
     yield engine
     release_vllm_rollout(engine)
-
-
-def _prompts(checkpoint, tmp_path, seed=0) -> DataProto:
-    import random
-
-    rng = random.Random(seed)
-    records = [
-        {
-            "data_source": "hiyouga/geometry3k",
-            "prompt": [{"role": "user", "content": question}],
-            "images": [encode_image(draw_shape(rng, rng.choice(["red", "blue"]), max(s)).resize(s)) for s in sizes],
-            "reward_model": {"style": "rule", "ground_truth": "red"},
-        }
-        for question, sizes in ROWS
-    ]
-    path = write_parquet(records, str(tmp_path / f"rows{seed}.parquet"))
-    dataset = RLHFDataset(
-        path,
-        hf_tokenizer(checkpoint),
-        {"max_prompt_length": MAX_PROMPT},
-        processor=hf_processor(checkpoint, trust_remote_code=True),
-    )
-    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
-    batch.meta_info.update(eos_token_id=dataset.tokenizer.eos_token_id, pad_token_id=dataset.tokenizer.pad_token_id)
-    return batch
 
 
 def _teacher_forced(model, batch: DataProto, out: DataProto) -> torch.Tensor:
@@ -100,11 +62,11 @@ def _teacher_forced(model, batch: DataProto, out: DataProto) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def test_vllm_sees_the_actor_image_tokens(rollout, checkpoint, tmp_path):
+def test_vllm_sees_the_actor_image_tokens(rollout, checkpoint, image_prompts):
     """The prompt ids vLLM builds from raw_prompt_ids + images equal the dataset's (the actor's) unpadded ids."""
     from verl.workers.rollout.vllm_rollout.vllm_rollout import _requests
 
-    batch = _prompts(checkpoint, tmp_path)
+    batch = image_prompts(checkpoint)
     from vllm import SamplingParams
 
     outputs = rollout.llm.generate(_requests(batch), SamplingParams(max_tokens=1), use_tqdm=False)
@@ -113,12 +75,12 @@ def test_vllm_sees_the_actor_image_tokens(rollout, checkpoint, tmp_path):
         assert output.prompt_token_ids == batch.batch["input_ids"][row][mask].tolist()
 
 
-def test_vllm_image_log_probs_within_the_bf16_bound(rollout, checkpoint, tmp_path):
+def test_vllm_image_log_probs_within_the_bf16_bound(rollout, checkpoint, image_prompts):
     """Sampled-token log-probs of vLLM vs the HF actor model (fp32) on 1- and 3-image prompts: within the bf16
     bound; another image (control) moves them."""
     from transformers import AutoModelForImageTextToText
 
-    batch = _prompts(checkpoint, tmp_path)
+    batch = image_prompts(checkpoint)
     torch.manual_seed(0)
     out = rollout.generate_sequences(batch)
     mask = out.batch["attention_mask"][:, -RESPONSE:].bool()
@@ -132,7 +94,20 @@ def test_vllm_image_log_probs_within_the_bf16_bound(rollout, checkpoint, tmp_pat
     # control: the same responses under other images (same sizes, so the same token ids) are far from vLLM's
     # log-probs, so vLLM's agreement with the right images is no accident of the image mattering little
     actor = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32)
-    moved = _teacher_forced(actor, _prompts(checkpoint, tmp_path, seed=1), out)
+    moved = _teacher_forced(actor, image_prompts(checkpoint, seed=1), out)
     other_gap = (out.batch["rollout_log_probs"] - moved).abs()[mask]
     print(f"[vllm image log-probs] vs other images: mean {other_gap.mean():.4f}")
     assert other_gap.mean() > 3 * gap.mean()
+
+
+def test_engine_prompt_ids_that_differ_from_the_actor_are_refused(rollout, checkpoint, image_prompts):
+    """An image the engine would expand into another number of tokens than the actor's prompt holds (here: row 0's
+    image enlarged to 40x40 after the dataset processed it at 32x32: 5x5 merged tokens instead of 4x4) fails the
+    batch with an error naming the row, instead of sampling from a sequence the actor never sees."""
+    batch = image_prompts(checkpoint)
+    data = list(batch.non_tensor_batch["multi_modal_data"])
+    data[0] = {"image": [data[0]["image"][0].resize((40, 40))]}
+    batch.non_tensor_batch["multi_modal_data"] = np.array(data, dtype=object)
+    # the actor's row 0: 42 ids with 16 image tokens; vLLM's: 42 - 16 + 25 = 51
+    with pytest.raises(RuntimeError, match=r"prompt row 0 with images: vLLM built 51 prompt tokens, .* have 42"):
+        rollout.generate_sequences(batch)

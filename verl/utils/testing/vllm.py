@@ -6,6 +6,10 @@
   in-process engine), on a model directory.
 * :func:`prompt_log_probs` — the engine's log-prob of every prompt token after the first, by teacher forcing
   (``prompt_logprobs=0``): the quantity two engines must agree on to hold the same weights.
+* :func:`request_log_probs` — the same for any vLLM request (e.g. an image prompt: ``multi_modal_data``), over the
+  prompt token ids the engine built (image placeholders expanded).
+* :func:`engine_weights` — every parameter of the engine's model under a prefix, in the values its kernels compute
+  with (weights the CPU GEMM dispatch repacked into an opaque handle are read back through that kernel).
 * :func:`release_vllm_rollout` — shut an engine down and reset vLLM's per-process parallel state. A training process
   holds one engine for its whole life; a test that builds several in one process (e.g. a dense model's, then an
   MoE's, whose expert-parallel group the first one did not create) must start each from a clean state.
@@ -18,7 +22,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["build_vllm_rollout", "cpu_engine_rollout_config", "prompt_log_probs", "release_vllm_rollout"]
+__all__ = [
+    "build_vllm_rollout",
+    "cpu_engine_rollout_config",
+    "engine_weights",
+    "prompt_log_probs",
+    "release_vllm_rollout",
+    "request_log_probs",
+]
 
 # KV cache of a test engine: plenty for a few dozen short sequences of the tiny models, small next to 24 GiB.
 TEST_KV_CACHE_BYTES = 64 * 2**20
@@ -66,6 +77,50 @@ def prompt_log_probs(llm: Any, prompts: Sequence[Sequence[int]]) -> torch.Tensor
         steps = output.prompt_logprobs  # [None, {token: Logprob}, ...]: the first token has no prediction
         rows.append(torch.tensor([steps[i][prompt[i]].logprob for i in range(1, len(prompt))], dtype=torch.float32))
     return torch.stack(rows)
+
+
+def request_log_probs(llm: Any, requests: Sequence[dict]) -> list[torch.Tensor]:
+    """Per request, (P-1,) float32 ``log p(ids[i] | ids[:i])`` over the engine's prompt token ids ``ids`` (for an
+    image prompt: after vLLM expanded each image placeholder to the image's tokens)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0, detokenize=False)
+    rows = []
+    for output in llm.generate(list(requests), params, use_tqdm=False):
+        ids, steps = output.prompt_token_ids, output.prompt_logprobs
+        rows.append(torch.tensor([steps[i][ids[i]].logprob for i in range(1, len(ids))], dtype=torch.float32))
+    return rows
+
+
+def engine_weights(model: torch.nn.Module, prefix: str = "", *, buffers: bool = True) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` for every parameter (and, with ``buffers``, persistent buffer: e.g. the image normalisation
+    constants of vLLM's Qwen-VL models) of ``model`` whose name starts with ``prefix``, as the engine computes with it.
+
+    vLLM's CPU build hands most linear weights to a GEMM backend (oneDNN, the SGL kernels, zentorch) after loading
+    and leaves an empty placeholder parameter. Such a weight ``W [N, K]`` is read back through the layer's own
+    ``quant_method.apply`` on the identity ``I_K`` (no bias): ``I_K W^T = W^T``, and every output element is one
+    product ``w * 1`` plus exact zeros, so the read-back is bitwise the weight the kernel holds (in the activation
+    dtype, which is the weight's here). Other parameters are copied as they are."""
+    modules = dict(model.named_modules())
+    out = {}
+    for name, param in model.named_parameters():
+        if not name.startswith(prefix):
+            continue
+        module_name, _, leaf = name.rpartition(".")
+        module = modules[module_name]
+        method = getattr(module, "quant_method", None)
+        if leaf == "weight" and param.numel() == 0 and method is not None:
+            width = getattr(module, "input_size_per_partition", None) or module.input_size
+            eye = torch.eye(width, dtype=param.dtype, device=param.device)
+            with torch.no_grad():
+                out[name] = method.apply(module, eye).t().contiguous()
+        else:
+            out[name] = param.detach().clone()
+    if buffers:
+        from verl.utils.vllm.loader import persistent_buffers
+
+        out.update({name: b for name, b in persistent_buffers(model).items() if name.startswith(prefix)})
+    return out
 
 
 def release_vllm_rollout(rollout: Any = None) -> None:

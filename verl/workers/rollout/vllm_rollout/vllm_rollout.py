@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -35,7 +35,7 @@ from verl.workers.rollout.vllm_rollout.outputs import assemble_rollout_batch, pr
 from verl.workers.rollout.vllm_rollout.params import engine_kwargs, eos_token_ids, pad_token_id, sampling_kwargs
 from verl.workers.sharding_manager.vllm_weight_sync import WeightSyncReport, load_weights_into_vllm
 
-__all__ = ["engine_env", "vLLMRollout"]
+__all__ = ["check_engine_prompts", "engine_env", "vLLMRollout"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class vLLMRollout(BaseRollout):
         self._sampling_params_cls = vllm.SamplingParams
         self._sleep_level = get_platform().vllm_sleep_level
         self._asleep: set[str] = set()
+        self._reported_image_prompts = False
         self.sleep()  # training runs first; the sharding manager wakes the engine for generation
 
     # ------------------------------------------------------------------ engine state
@@ -105,13 +106,16 @@ class vLLMRollout(BaseRollout):
             self._asleep -= set(tags)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> WeightSyncReport:
-        """Push HF-named weights into the engine (MoE loader repair + vLLM's ``load_weights``); cached prefixes were
-        computed with the old weights, so the prefix cache is reset."""
+        """Push HF-named weights into the engine (MoE loader repair + vLLM's ``load_weights``).
+
+        Caches of values computed with the old weights are dropped: the prefix cache (KV of cached prefixes) and the
+        encoder cache (:func:`_reset_encoder_cache`)."""
         if "weights" in self._asleep:
             raise RuntimeError("vLLMRollout.load_weights: the engine's weights are asleep; call wake_up(['weights'])")
         report = load_weights_into_vllm(self.vllm_model, weights)
         if self.config.enable_prefix_caching:
             self.llm.reset_prefix_cache()
+        _reset_encoder_cache(self.llm)
         return report
 
     # BaseRollout's asynchronous interface (upstream names)
@@ -148,6 +152,10 @@ class vLLMRollout(BaseRollout):
     def _generate(self, prompts: DataProto) -> DataProto:
         params = self._sampling_params_cls(**sampling_kwargs(self.config, prompts.meta_info))
         outputs = self.llm.generate(_requests(prompts), sampling_params=params, use_tqdm=False)
+        checked = check_engine_prompts(outputs, prompts)
+        if checked and not self._reported_image_prompts:
+            self._reported_image_prompts = True
+            print(f"[verl] vLLM rollout: {checked}", flush=True)  # once per engine: the check runs on every batch
         response_ids, log_probs = unpack_request_outputs(outputs, self.config.calculate_log_probs)
         tensors = assemble_rollout_batch(
             prompts.batch["input_ids"],
@@ -168,6 +176,26 @@ class vLLMRollout(BaseRollout):
             return None, 1, 0
         tp_mesh = mesh["infer_tp"]
         return tp_mesh.get_group(), tp_mesh.size(), tp_mesh.get_local_rank()
+
+
+def _reset_encoder_cache(llm: Any) -> None:
+    """Forget the vision tower's cached outputs after a weight update.
+
+    vLLM V1 keeps each image's encoder output (keyed by the image's content hash) after its request finishes and
+    reuses it for any later request with the same image. An RL run shows the same images again (``rollout.n``
+    samples of a prompt, the next epoch), so without this reset the engine keeps generating from image embeddings of
+    the old vision tower: measured on the tiny Qwen3.5 VL model, a synced engine's image-prompt log-probs stayed
+    exactly those of its previous weights (tests/workers/rollout/test_vllm_vision_sync.py). For a text model the cache
+    is empty and the reset costs nothing. A vLLM engine without the call gets a warning for a multimodal model."""
+    engine = getattr(llm, "llm_engine", None)
+    reset = getattr(engine, "reset_encoder_cache", None)
+    if callable(reset):
+        reset()
+    elif getattr(getattr(engine, "model_config", None), "is_multimodal_model", False):
+        logger.warning(
+            "this vLLM has no LLMEngine.reset_encoder_cache: after a weight sync it may reuse image embeddings "
+            "computed by the previous vision tower; use a vLLM release that has it"
+        )
 
 
 def _sleep_mode_available() -> bool:
@@ -194,6 +222,32 @@ def _gather(prompts: DataProto, group: Any, size: int) -> DataProto:
     parts: list[Any] = [None] * size
     dist.all_gather_object(parts, prompts, group=group)
     return DataProto.concat(parts)
+
+
+def check_engine_prompts(outputs: Sequence[Any], prompts: DataProto) -> str | None:
+    """For every row with images: the prompt ids vLLM built (``raw_prompt_ids`` with one placeholder per image,
+    expanded by vLLM's own processor to the image's grid) must be the actor's prompt ids (the dataset processor's
+    expansion), or the engine samples from, and reports log-probs for, another sequence than the one the actor
+    trains on. Returns a one-line summary (None without image rows); raises naming the first row that differs."""
+    non_tensors = prompts.non_tensor_batch
+    if "multi_modal_data" not in non_tensors:
+        return None
+    actor = prompt_token_ids(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+    rows = [i for i, mm in enumerate(non_tensors["multi_modal_data"]) if mm]
+    for row in rows:
+        engine = list(outputs[row].prompt_token_ids)
+        if engine != actor[row]:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(engine, actor[row])) if a != b), min(len(engine), len(actor[row]))
+            )
+            raise RuntimeError(
+                f"vLLM rollout: prompt row {row} with images: vLLM built {len(engine)} prompt tokens, the actor's "
+                f"input_ids have {len(actor[row])} (first difference at position {first}). vLLM's processor expanded "
+                "the images into another number of image tokens than the dataset's processor: both must resize "
+                "alike (the checkpoint's preprocessor_config.json: patch_size, merge_size, min_pixels/max_pixels; "
+                "data.image_key images, not pre-resized ones)"
+            )
+    return f"prompt ids of {len(rows)} image rows equal the actor's (images expanded by vLLM's processor)"
 
 
 def _requests(prompts: DataProto) -> list[dict[str, Any]]:
