@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
+from verl.workers.config.common import KL_ESTIMATORS as KL_ESTIMATORS  # re-export (the actor checks them too)
+from verl.workers.config.common import check_kl_estimator as check_kl_estimator
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -15,22 +17,6 @@ __all__ = [
     "RolloutCorrectionConfig",
     "check_kl_estimator",
 ]
-
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-"""KL estimators of core_algos.kl_penalty; a trailing '+' (e.g. 'k3+') uses the k2 gradient (straight-through)."""
-
-
-def check_kl_estimator(name: str, value: str) -> None:
-    """Raise ConfigError unless `value` is a KL estimator name, optionally with the straight-through '+'."""
-    base = value[:-1] if value.endswith("+") else value
-    if base == "full":
-        raise ConfigError(name, "'full' (exact KL over the vocabulary) is not implemented; use low_var_kl (k3) or kl.")
-    if base not in KL_ESTIMATORS:
-        raise ConfigError(
-            name,
-            f"{value!r} is not a KL estimator; choose one of {', '.join(KL_ESTIMATORS)} "
-            f"(append '+' for the straight-through k2 gradient).",
-        )
 
 
 @dataclass
