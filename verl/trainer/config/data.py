@@ -87,7 +87,8 @@ class DataConfig(BaseConfig):
     """PROMPTS per training step (each generates rollout.n responses)."""
 
     val_batch_size: Optional[int] = None
-    """Deprecated: validation uses the whole validation set as one batch."""
+    """Prompts per validation batch; null = the whole validation set as one batch. Deprecated upstream (a warning at
+    start-up) but still honoured, as upstream's trainer does."""
 
     tool_config_path: Optional[str] = None
     """Tool config for multi-turn datasets; follows actor_rollout_ref.rollout.multi_turn.tool_config_path."""

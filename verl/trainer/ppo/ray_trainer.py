@@ -71,6 +71,15 @@ def compute_response_mask(data: DataProto) -> torch.Tensor:
     return data.batch["attention_mask"][:, -response_length:]
 
 
+def _require_mask_sources(data: DataProto) -> None:
+    missing = [key for key in ("responses", "attention_mask") if key not in data.batch.keys()]
+    if missing:
+        raise ValueError(
+            f"compute_advantage: the batch has no 'response_mask' and no {missing} to derive it from; pass a batch "
+            "from the rollout (it carries responses and attention_mask) or set batch['response_mask']"
+        )
+
+
 def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
     """``token_level_rewards = token_level_scores - β·KL(old ‖ ref)`` per token, then update β (adaptive control).
 
@@ -102,8 +111,13 @@ def compute_advantage(
     Every estimator is looked up in the registry; it receives the arguments its signature names among
     ``token_level_rewards, response_mask, values, index (=uid), reward_baselines, gamma, lam,
     norm_adv_by_std_in_grpo, config`` — so user-registered estimators work without changes here.
+
+    A batch without ``response_mask`` gets it from ``attention_mask`` (:func:`compute_response_mask`), written into
+    the batch, as upstream does for trainers that call this before computing the mask; a batch with neither
+    ``response_mask`` nor ``attention_mask``/``responses`` raises ValueError naming the missing keys.
     """
     if "response_mask" not in data.batch.keys():
+        _require_mask_sources(data)
         data.batch["response_mask"] = compute_response_mask(data)
     estimator = core_algos.get_adv_estimator_fn(adv_estimator)
     available = {
