@@ -130,9 +130,11 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def decoupled_seq_is_rs(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.5_2.0") -> RolloutCorrectionConfig:
         return cls(
-            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_sum_k1",
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_sum_k1",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decoupled_geo_rs(cls, rs_threshold: Any = "0.999_1.001") -> RolloutCorrectionConfig:
@@ -141,16 +143,20 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def decoupled_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
         return cls(
-            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decoupled_geo_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
         return cls(
-            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
@@ -159,16 +165,20 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01):
         return cls(
-            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k3",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decoupled_k3_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01):
         return cls(
-            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k3",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
@@ -189,9 +199,11 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def bypass_pg_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
         return cls(
-            rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}", bypass_mode=True,
+            rollout_is="token",
+            rollout_is_threshold=f"{threshold_lower}_{threshold}",
+            bypass_mode=True,
             loss_type="reinforce",
-        )  # fmt: skip
+        )
 
     @classmethod
     def bypass_pg_geo_rs(cls, rs_threshold: Any = "0.999_1.001") -> RolloutCorrectionConfig:
@@ -200,16 +212,24 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def bypass_pg_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
         return cls(
-            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce",
-        )  # fmt: skip
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
 
     @classmethod
     def bypass_pg_geo_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
         return cls(
-            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce",
-        )  # fmt: skip
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
 
     @classmethod
     def disabled(cls) -> RolloutCorrectionConfig:

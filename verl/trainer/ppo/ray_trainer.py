@@ -61,8 +61,13 @@ _GEN_TENSOR_KEYS = ["input_ids", "attention_mask", "position_ids"]
 # multi_modal_inputs: the HF rollout generates from the processor's pixel values (a server rollout from
 # multi_modal_data); the key stays in the batch too, for the actor's forward.
 _GEN_NON_TENSOR_KEYS = [
-    "raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "raw_prompt", "tools_kwargs", "interaction_kwargs",
-]  # fmt: skip
+    "raw_prompt_ids",
+    "multi_modal_data",
+    "multi_modal_inputs",
+    "raw_prompt",
+    "tools_kwargs",
+    "interaction_kwargs",
+]
 
 
 def compute_response_mask(data: DataProto) -> torch.Tensor:
