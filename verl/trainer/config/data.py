@@ -7,9 +7,25 @@ from typing import Any, Optional, Union
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
 
-__all__ = ["TRUNCATION_MODES", "CustomClsConfig", "DataConfig", "DatagenConfig", "SamplerConfig"]
+__all__ = [
+    "DEFAULT_SHUFFLE_SEED",
+    "TRUNCATION_MODES",
+    "CustomClsConfig",
+    "DataConfig",
+    "DatagenConfig",
+    "SamplerConfig",
+    "shuffle_seed",
+]
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+DEFAULT_SHUFFLE_SEED = 1
+"""Seed of the training-set shuffle when ``data.seed`` is null (upstream's sampler uses 1 too)."""
+
+
+def shuffle_seed(seed: int | None) -> int:
+    """The seed the training sampler shuffles with: ``data.seed``, or :data:`DEFAULT_SHUFFLE_SEED` when null."""
+    return DEFAULT_SHUFFLE_SEED if seed is None else int(seed)
 
 
 @dataclass
@@ -106,7 +122,7 @@ class DataConfig(BaseConfig):
     """Shuffle the training set (seeded, checkpointable sampler)."""
 
     seed: Optional[int] = None
-    """Seed of the shuffle; null = a fixed default seed, so a resumed run sees the same order."""
+    """Seed of the shuffle; null = DEFAULT_SHUFFLE_SEED (1), a fixed seed, so a resumed run sees the same order."""
 
     dataloader_num_workers: int = 8
     """DataLoader worker processes."""
