@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
+
+if TYPE_CHECKING:
+    from verl.trainer.config.ppo_trainer import PPOTrainerConfig
 
 # Environment every worker process gets (values already set in the driver's environment win).
 _WORKER_ENV = {
@@ -34,7 +37,7 @@ def main(config: DictConfig) -> None:
     run_ppo(config, typed_config=typed_config)
 
 
-def prepare_config(config: DictConfig) -> tuple[DictConfig, Any]:
+def prepare_config(config: DictConfig) -> tuple[DictConfig, PPOTrainerConfig]:
     """Resolve the device and validate the whole config on the driver (raises ``ValueError`` naming the key).
 
     Returns ``(config, typed_config)``: the DictConfig (what upstream's ``RayPPOTrainer`` and workers take) and the
@@ -53,7 +56,7 @@ def prepare_config(config: DictConfig) -> tuple[DictConfig, Any]:
     return config, typed_config
 
 
-def validate_typed(config: DictConfig) -> Any:
+def validate_typed(config: DictConfig) -> PPOTrainerConfig:
     """``validate_config`` with the roles this config needs: the typed ``PPOTrainerConfig``."""
     from verl.utils.config import validate_config
 
@@ -121,7 +124,7 @@ def init_ray(config: DictConfig) -> None:
     ray.init(include_dashboard=False, **ray_init_kwargs(config.ray_kwargs.ray_init))
 
 
-def run_ppo(config: DictConfig, typed_config: Any = None) -> None:
+def run_ppo(config: DictConfig, typed_config: PPOTrainerConfig | None = None) -> None:
     """Start (or attach to) Ray, run the TaskRunner actor to completion.
 
     ``typed_config``: the ``PPOTrainerConfig`` of :func:`prepare_config`; None validates ``config`` in the
@@ -181,7 +184,7 @@ def resume_hint(trainer_config) -> str:
 class TaskRunner:
     """Builds every component on a Ray node and runs training (a Ray actor, so the driver stays light)."""
 
-    def run(self, config: DictConfig, typed_config: Any = None) -> None:
+    def run(self, config: DictConfig, typed_config: PPOTrainerConfig | None = None) -> None:
         """Build and train. ``typed_config`` (the validated ``PPOTrainerConfig``) supplies the data and reward
         settings; None validates ``config`` here."""
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer

@@ -11,9 +11,13 @@ from verl.trainer.ppo.reward import load_reward_manager
 
 
 def test_validate_typed_returns_the_dataclass_tree(compose_config):
-    """validate_typed (prepare_config's validation) keeps the PPOTrainerConfig instead of dropping it."""
+    """validate_typed (prepare_config's validation) keeps the PPOTrainerConfig instead of dropping it, and the tree
+    survives the trip to the TaskRunner actor (Ray pickles arguments with cloudpickle)."""
+    import ray.cloudpickle
+
     typed = validate_typed(compose_config(config_name="quickstart_cpu"))
     assert isinstance(typed, PPOTrainerConfig) and isinstance(typed.data, DataConfig)
+    assert ray.cloudpickle.loads(ray.cloudpickle.dumps(typed)) == typed
 
 
 def test_sampler_from_typed_and_dict_config_agree(compose_config):
