@@ -236,7 +236,9 @@ def test_vllm_plugin_requirement_names_the_plugin(monkeypatch):
     )
     assert vllm_utils.require_vllm("cpu") is sys.modules["vllm"]
     assert vllm_utils.require_vllm("cuda") is sys.modules["vllm"]
-    with pytest.raises(ImportError, match=r"trainer.device=npu needs vLLM's platform plugin `vllm_ascend`"):
+    with pytest.raises(
+        ImportError, match=r"trainer.device=npu needs the vllm-ascend platform plugin \(module `vllm_ascend`\)"
+    ):
         vllm_utils.require_vllm("npu")
 
 

@@ -50,8 +50,8 @@ def require_vllm(device_name: str = "cuda") -> ModuleType:
     plugin = PlatformRegistry.platform_class(device_name).vllm_platform_plugin
     if plugin is not None and importlib.util.find_spec(plugin) is None:
         raise ImportError(
-            f"actor_rollout_ref.rollout.name=vllm on trainer.device={device_name} needs vLLM's platform plugin "
-            f"`{plugin}`, which is not installed: {VLLM_INSTALL_HINT}"
+            f"actor_rollout_ref.rollout.name=vllm on trainer.device={device_name} needs the "
+            f"{plugin.replace('_', '-')} platform plugin (module `{plugin}`), which is not installed: {VLLM_INSTALL_HINT}"
         )
     return vllm
 
