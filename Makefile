@@ -58,6 +58,7 @@ quickstart-geo3k-vllm: $(VENV_VLLM)/.installed
 
 test: $(VENV)/.installed $(VENV_TF54)/.installed $(VENV_VLLM)/.installed
 	$(VENV)/bin/ruff check verl tests benchmarks examples recipes envs
+	$(VENV)/bin/ruff format --check verl tests benchmarks examples recipes envs
 	$(TEST_ENV) $(VENV)/bin/python -m pytest tests -m 'not slow and not vllm'
 	$(TEST_ENV) $(VENV_TF54)/bin/python -m pytest tests -m 'tf_compat and not slow'
 	$(TEST_ENV) $(VENV_VLLM)/bin/python -m pytest tests -m 'vllm and not slow'

@@ -82,9 +82,12 @@ def build_actor(model_dir: Path, fsdp: bool, packed: bool):
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     config = FSDPActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=64, ppo_micro_batch_size_per_gpu=64, use_torch_compile=False,
+        strategy="fsdp2",
+        ppo_mini_batch_size=64,
+        ppo_micro_batch_size_per_gpu=64,
+        use_torch_compile=False,
         use_remove_padding=packed,
-    )  # fmt: skip
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
     return DataParallelPPOActor(config, model, optimizer)
 
@@ -122,8 +125,10 @@ def main() -> int:
                 actor.compute_log_prob(batch, calculate_entropy=True)
                 fwd[key].append(time.perf_counter() - t0)
     base = statistics.median(times[(True, True)][1:])
-    print(f"update of one quickstart batch (64 x {batch.batch['input_ids'].shape[1]} padded, "
-          f"{int(batch.batch['attention_mask'].sum())} tokens), median of {args.rounds - 1} rounds after a warm-up")  # fmt: skip
+    print(
+        f"update of one quickstart batch (64 x {batch.batch['input_ids'].shape[1]} padded, "
+        f"{int(batch.batch['attention_mask'].sum())} tokens), median of {args.rounds - 1} rounds after a warm-up"
+    )
     for (f, p), values in times.items():
         med = statistics.median(values[1:])
         extra = f", old log-prob {statistics.median(fwd[(f, p)][1:]):.3f} s" if args.old_log_prob else ""

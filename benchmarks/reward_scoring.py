@@ -117,8 +117,10 @@ def process_cost(calls: int) -> None:
         pool.map([{"x": i} for i in range(calls)])
         per_call = (time.perf_counter() - start) / calls
         pool.close()
-        print(f"   per call, {workers} worker(s), {calls} calls             {per_call * 1e6:8.0f} us   "
-              f"(direct call {direct * 1e6:.2f} us)")  # fmt: skip
+        print(
+            f"   per call, {workers} worker(s), {calls} calls             {per_call * 1e6:8.0f} us   "
+            f"(direct call {direct * 1e6:.2f} us)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,8 +114,10 @@ def run_monitored(command: list[str], metrics_file: Path, timeout_s: float, log_
             raise RuntimeError(f"{command[:3]} ran past {timeout_s} s; log: {log_file}")
         time.sleep(0.02)
     if popen.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:4])} ... exited {popen.returncode}; last lines of {log_file}:\n"
-                           + "\n".join(log_file.read_text().splitlines()[-30:]))  # fmt: skip
+        raise RuntimeError(
+            f"{' '.join(command[:4])} ... exited {popen.returncode}; last lines of {log_file}:\n"
+            + "\n".join(log_file.read_text().splitlines()[-30:])
+        )
     return records
 
 
@@ -171,8 +173,20 @@ def run_ours(paths: dict, steps: int, overrides: list[str], timeout_s: float) ->
 def run_trl(paths: dict, steps: int, trl_python: str, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_trl_") as tmp:
         work = Path(tmp)
-        command = [trl_python, str(TRL_SCRIPT), "--model", str(paths["model"]), "--train", str(paths["train"]),
-                   "--steps", str(steps), "--out", str(work / "steps.jsonl"), "--work", str(work)]  # fmt: skip
+        command = [
+            trl_python,
+            str(TRL_SCRIPT),
+            "--model",
+            str(paths["model"]),
+            "--train",
+            str(paths["train"]),
+            "--steps",
+            str(steps),
+            "--out",
+            str(work / "steps.jsonl"),
+            "--work",
+            str(work),
+        ]
         records = run_monitored(command, work / "steps.jsonl", timeout_s, work / "log.txt")
         return summarise(records, trl_step)
 
@@ -210,11 +224,15 @@ def print_report(ours: list[dict], trl: list[dict], drop: int, ours_label: str) 
     print(f"\nGRPO step, {ours_label} vs TRL, {rounds} rounds, first {drop} steps of each run dropped, medians (s)")
     print(f"| phase | this project | TRL | ratio (median of per-round ratios, {rounds} rounds) |")
     print("|---|---|---|---|")
-    rows = [(label, label) for label, _, _ in PHASES] + [("wall between steps", "wall"),
-                                                         ("CPU s per step, process tree", "cpu")]  # fmt: skip
+    rows = [(label, label) for label, _, _ in PHASES] + [
+        ("wall between steps", "wall"),
+        ("CPU s per step, process tree", "cpu"),
+    ]
     for label, key in rows:
-        print(f"| {label} | {fmt(median_of(ours, key, drop))} | {fmt(median_of(trl, key, drop))} "
-              f"| {fmt(ratio_of(ours, trl, key, drop), 2)} |")  # fmt: skip
+        print(
+            f"| {label} | {fmt(median_of(ours, key, drop))} | {fmt(median_of(trl, key, drop))} "
+            f"| {fmt(ratio_of(ours, trl, key, drop), 2)} |"
+        )
     s_ours = statistics.median(r["startup"] for r in ours)
     s_trl = statistics.median(r["startup"] for r in trl)
     ratios = statistics.median(a["startup"] / b["startup"] for a, b in zip(ours, trl, strict=True))
@@ -259,9 +277,11 @@ def main() -> int:
             else:
                 trl.append(run_trl(paths, args.steps, args.trl_python, args.timeout))
             last = (ours if side == "ours" else trl)[-1]
-            print(f"round {i + 1}/{args.rounds} {side:>4}: {time.perf_counter() - t0:5.1f} s, start-up "
-                  f"{last['startup']:.1f} s, step median {fmt(median_of([last], 'whole step', args.drop))} s",
-                  flush=True)  # fmt: skip
+            print(
+                f"round {i + 1}/{args.rounds} {side:>4}: {time.perf_counter() - t0:5.1f} s, start-up "
+                f"{last['startup']:.1f} s, step median {fmt(median_of([last], 'whole step', args.drop))} s",
+                flush=True,
+            )
     print_report(ours, trl, args.drop, args.label)
     return 0
 

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "verl"
 PLATFORM_DIR = PACKAGE / "utils" / "platform"
 WHITELIST: frozenset[str] = frozenset()  # paths relative to the repo root; keep it empty
+# a string literal naming an accelerator family, optionally with a device index ("npu", 'cuda:0')
+_FAMILY = r"""["'](?:npu|cuda)(?::\d+)?["']"""
 
 FORBIDDEN = {
     "torch.cuda": re.compile(r"\btorch\.cuda\b"),
@@ -22,6 +24,12 @@ FORBIDDEN = {
     '"hccl"': re.compile(r"""["']hccl["']"""),
     # torch_npu breaks even `import torch` without CANN; only the platform package imports it, guarded
     "import torch_npu": re.compile(r"^\s*(?:import|from)\s+torch_npu\b", re.MULTILINE),
+    # a device *decision* made on the family's name: it belongs on the Platform as an attribute or method
+    '== "npu"': re.compile(rf"""[!=]=\s*{_FAMILY}"""),
+    '"npu" ==': re.compile(rf"""{_FAMILY}\s*[!=]="""),
+    'in ("cuda", ...)': re.compile(rf"""\bin\s*[(\[{{][^)\]}}]*?{_FAMILY}"""),
+    '.startswith("npu")': re.compile(rf"""\.startswith\(\s*{_FAMILY}"""),
+    'case "npu":': re.compile(rf"""^\s*case\s+{_FAMILY}""", re.MULTILINE),
 }
 
 
@@ -41,8 +49,9 @@ def _checked_files() -> list[Path]:
 
 
 def test_no_device_family_names_outside_platform():
-    """No file under verl/ except the platform package mentions torch.cuda, torch.npu, "nccl", "hccl" or imports
-    torch_npu (use verl.utils.device: get_torch_device(), get_nccl_backend(), get_device_name())."""
+    """No file under verl/ except the platform package mentions torch.cuda, torch.npu, "nccl", "hccl", imports
+    torch_npu (use verl.utils.device: get_torch_device(), get_nccl_backend(), get_device_name()) or compares a
+    value with "npu"/"cuda" (==, !=, in, startswith, case: make the decision a Platform attribute or method)."""
     violations = [v for path in _checked_files() for v in _violations(path)]
     assert not violations, "device names outside verl/utils/platform/:\n" + "\n".join(violations)
 
@@ -62,6 +71,22 @@ def test_whitelist_is_empty():
         ("import torch_npu", 1),
         ("nccl_timeout = 600  # an upstream config key, not a backend name", 0),
         ("get_torch_device().synchronize()", 0),
+        ('if device_name == "npu":', 1),
+        ("if get_device_name() != 'cuda':", 1),
+        ('if "cuda" == name:', 1),
+        ('ok = device == "npu:0"', 1),
+        ('if device_type not in ("cuda", "npu"):', 1),
+        ('if name in {"cpu", "npu"}:', 1),
+        ('if name in ["npu"]:', 1),
+        ('if device.startswith("cuda"):', 1),
+        ('    case "npu":', 1),
+        # not decisions: declarations, choices offered to the user, other words, other families
+        ('platforms=("cpu", "cuda", "npu"),', 0),
+        ('require_choice("device", value, DEVICES)', 0),
+        ('if tool == "npu_profiler":', 0),
+        ('if device == "cpu":', 0),
+        ('if x in (a, b):  # runs on "npu" too', 0),
+        ('name = "cuda"', 0),
     ],
 )
 def test_lint_patterns(snippet, hits):

@@ -372,6 +372,12 @@ def test_pad_and_unpad_to_divisor():
     assert zero == 0 and len(same) == 4
 
 
+def test_pad_refuses_what_is_not_a_dataproto():
+    """The padding helper lives below verl.protocol and checks its argument by DataProto's fields."""
+    with pytest.raises(TypeError, match="pad_dataproto_to_divisor expects a DataProto, got dict"):
+        pad_dataproto_to_divisor({"x": torch.zeros(3)}, 2)
+
+
 # ----------------------------------------------------------------------------------------------- row reshaping
 
 
@@ -491,3 +497,5 @@ def test_data_proto_future_chunks_resolve_lazily(monkeypatch):
     assert rows_of(future.get()) == [0, 1, 2, 3]
     with pytest.raises(TypeError, match="future 0 resolved to a int"):
         DataProtoFuture.concat([1]).get()
+    with pytest.raises(ValueError, match="no futures to concatenate"):
+        DataProtoFuture.concat([]).get()

@@ -12,7 +12,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-if TYPE_CHECKING:
+from verl._protocol_utils import is_dataproto_like
+
+if TYPE_CHECKING:  # annotations only: at run time this module never imports verl.protocol
     from verl.protocol import DataProto
 
 
@@ -56,9 +58,7 @@ class DataProtoFuture:
     @staticmethod
     def concat(data: list) -> DataProtoFuture:
         """A future of the concatenation of the DataProtos behind ``data`` (a list of object refs)."""
-        from verl.protocol import DataProto
-
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=data)
+        return DataProtoFuture(collect_fn=_concat_parts, futures=data)
 
     def chunk(self, chunks: int) -> list[DataProtoFuture]:
         """``chunks`` futures; future ``i`` resolves to ``self.get().chunk(chunks)[i]``."""
@@ -72,14 +72,19 @@ class DataProtoFuture:
     def get(self) -> DataProto:
         import ray
 
-        from verl.protocol import DataProto
-
         outputs = ray.get(self.futures)
         for i, out in enumerate(outputs):
-            if not isinstance(out, DataProto):
+            if not is_dataproto_like(out):
                 raise TypeError(f"DataProtoFuture: future {i} resolved to a {type(out).__name__}, not a DataProto")
         output = self.collect_fn(outputs)
         return self.dispatch_fn(output) if self.dispatch_fn is not None else output
+
+
+def _concat_parts(parts: list[Any]) -> Any:
+    """``DataProto.concat`` of resolved parts, reached through their own type (this module imports no DataProto)."""
+    if not parts:
+        raise ValueError("DataProtoFuture.concat: no futures to concatenate")
+    return type(parts[0]).concat(parts)
 
 
 # Picklable callables (closures could not be sent to a Ray actor inside a DataProtoFuture).

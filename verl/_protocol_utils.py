@@ -1,28 +1,28 @@
-"""Row-level building blocks of ``verl.protocol`` that do not need the ``DataProto`` class itself.
+"""The building blocks under ``verl.protocol``: helpers on TensorDicts, numpy row arrays and serialized tensors,
+and the whole-DataProto reshaping functions, none of which imports the ``DataProto`` class.
 
-* union of tensor / numpy dicts with deep equality (NaN == NaN, object arrays compared element-wise);
+* union of tensor / numpy dicts with deep equality (NaN == NaN, object arrays compared element-wise), and the
+  meta_info merge of ``DataProto.concat``; key-list checks;
 * a dtype-exact tensor serialization (raw bytes + dtype + shape; bf16 included) used to pickle DataProtos
   without ``torch.load(weights_only=False)`` on the receiving side;
 * row conversions: sequences -> 1-D object arrays, index normalization, near-equal chunk bounds;
-* whole-DataProto reshaping: pad / unpad to a divisor, fold / unfold batch dims, collate DataProtoItems.
+* whole-DataProto reshaping (pad / unpad to a divisor, fold / unfold batch dims) through the DataProto's own
+  public methods and ``type(data)``.
 
-Public names are re-exported from ``verl.protocol`` (their upstream home).
+``verl.protocol`` imports this module, never the other way round; public names are re-exported from
+``verl.protocol`` (their upstream home).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import numbers
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
-
-from verl.utils.py_functional import list_of_dict_to_dict_of_list
-
-if TYPE_CHECKING:
-    from verl.protocol import DataProto, DataProtoItem
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,48 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
     return tensor_dict1
 
 
+def _require_keys(keys: Any, available: Any, where: str) -> None:
+    available = list(available)
+    missing = [key for key in keys if key not in available]
+    if missing:
+        raise KeyError(f"{where} has no key(s) {missing}; available: {available}")
+
+
+def _as_key_list(keys: str | list[str] | tuple | None) -> list[str]:
+    if keys is None:
+        return []
+    if isinstance(keys, str):
+        return [keys]
+    if isinstance(keys, list | tuple):
+        return list(keys)
+    raise TypeError(f"keys must be a str or a list of str, got {type(keys).__name__}")
+
+
+def _merge_meta_info(data: list[Any]) -> dict:
+    """meta_info of concatenated parts: shared keys must agree; ``metrics`` become a dict of lists over parts
+    (a part's ``metrics`` may be a dict or a list of dicts; keys missing from a part are simply not appended)."""
+    merged: dict = {}
+    all_metrics: list[dict] = []
+    for part in data:
+        for key, val in part.meta_info.items():
+            if key == "metrics":
+                if val is not None:
+                    all_metrics.extend(val if isinstance(val, list) else [val])
+            elif key in merged and not _deep_equal(merged[key], val):
+                raise ValueError(
+                    f"DataProto.concat: meta_info[{key!r}] differs between parts ({merged[key]!r} vs {val!r})"
+                )
+            else:
+                merged[key] = val
+    if all_metrics:
+        metrics: dict[str, list] = {}
+        for entry in all_metrics:
+            for key, val in entry.items():
+                metrics.setdefault(key, []).append(val)
+        merged["metrics"] = metrics
+    return merged
+
+
 # ------------------------------------------------------------------------------------------- serialization
 
 
@@ -128,6 +170,12 @@ def deserialize_tensordict(encoded: tuple[tuple[int, ...], str | None, dict]) ->
     for key, val in items.items():
         batch[key] = deserialize_single_tensor(val)
     return batch
+
+
+def _torch_save_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
 
 
 def _restore_device(batch: TensorDict, device: str | None) -> TensorDict:
@@ -197,18 +245,23 @@ def _split_bounds(length: int, chunks: int) -> list[tuple[int, int]]:
 
 
 # ------------------------------------------------------------------------------- whole-DataProto reshaping
+# These use only DataProto's public surface (len, slice, concat, the three fields, its constructor through
+# ``type(data)``), so they need no import of the class and keep a subclass's type.
 
 
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
+def is_dataproto_like(obj: Any) -> bool:
+    """True for a ``DataProto`` (or anything with its three fields and row operations)."""
+    return all(hasattr(obj, name) for name in ("batch", "non_tensor_batch", "meta_info", "slice", "concat"))
+
+
+def pad_dataproto_to_divisor(data: Any, size_divisor: int) -> tuple[Any, int]:
     """Append copies of the leading rows until ``len(data) % size_divisor == 0``.
 
     Returns:
         (padded, pad_size): ``padded`` is a new DataProto (``data`` itself when no padding is needed);
         ``unpad_dataproto(padded, pad_size)`` gives the original rows back.
     """
-    from verl.protocol import DataProto
-
-    if not isinstance(data, DataProto):
+    if not is_dataproto_like(data):
         raise TypeError(f"pad_dataproto_to_divisor expects a DataProto, got {type(data).__name__}")
     if size_divisor < 1:
         raise ValueError(f"size_divisor must be >= 1, got {size_divisor}")
@@ -225,12 +278,12 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
     return type(data).concat(parts), pad_size
 
 
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
+def unpad_dataproto(data: Any, pad_size: int) -> Any:
     """Drop the last ``pad_size`` rows (``data[:-pad_size]``)."""
     return data.slice(0, len(data) - pad_size) if pad_size != 0 else data
 
 
-def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
+def fold_batch_dim(data: Any, new_batch_size: int) -> Any:
     """Rows ``(B, ...) -> (new_batch_size, B // new_batch_size, ...)``: each new row groups consecutive rows."""
     batch_size = len(data)
     if new_batch_size < 1 or batch_size % new_batch_size != 0:
@@ -243,7 +296,7 @@ def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
 
 
-def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
+def unfold_batch_dim(data: Any, batch_dims: int = 2) -> Any:
     """Merge the first ``batch_dims`` dims of every entry into the row dim (inverse of ``fold_batch_dim``)."""
     batch = None
     if data.batch is not None:
@@ -255,14 +308,3 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
         batch = TensorDict({k: v.reshape(rows, *v.shape[batch_dims:]) for k, v in tensors.items()}, batch_size=(rows,))
     non_tensor = {key: val.reshape(-1, *val.shape[batch_dims:]) for key, val in data.non_tensor_batch.items()}
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
-
-
-def collate_fn(x: list[DataProtoItem]) -> DataProto:
-    """Stack DataProtoItems (e.g. from a DataLoader over a DataProto) back into one DataProto."""
-    from verl.protocol import DataProto
-
-    batch = None
-    if x and x[0].batch is not None:
-        batch = torch.stack([item.batch for item in x]).contiguous()
-    non_tensor = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in x])
-    return DataProto(batch=batch, non_tensor_batch={k: _stack_rows(v, k) for k, v in non_tensor.items()})

@@ -32,12 +32,22 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from torch.utils.data import DataLoader
 
-# Upstream helpers importable from here (``name as name`` marks a re-export); they live in
-# verl._protocol_utils / verl._protocol_future so that this file is about the DataProto class itself.
+# Upstream helpers importable from here (``name as name`` marks a re-export). They live in verl._protocol_utils
+# (TensorDict / row / serialization helpers, padding and folding) and verl._protocol_future (cross-process), which
+# never import this module: the dependency runs one way.
 from verl._protocol_future import DataProtoFuture as DataProtoFuture
 from verl._protocol_future import all_gather_data_proto as all_gather_data_proto
-from verl._protocol_utils import _as_index, _deep_equal, _restore_device, _split_bounds, _to_object_array
-from verl._protocol_utils import collate_fn as collate_fn
+from verl._protocol_utils import (
+    _as_index,
+    _as_key_list,
+    _merge_meta_info,
+    _require_keys,
+    _restore_device,
+    _split_bounds,
+    _stack_rows,
+    _to_object_array,
+    _torch_save_bytes,
+)
 from verl._protocol_utils import deserialize_single_tensor as deserialize_single_tensor
 from verl._protocol_utils import deserialize_tensordict as deserialize_tensordict
 from verl._protocol_utils import fold_batch_dim as fold_batch_dim
@@ -557,52 +567,16 @@ class DataProto:
         return "\n".join(lines)
 
 
-def _require_keys(keys: Any, available: Any, where: str) -> None:
-    available = list(available)
-    missing = [key for key in keys if key not in available]
-    if missing:
-        raise KeyError(f"{where} has no key(s) {missing}; available: {available}")
+# ------------------------------------------------------------------------------------------ DataLoader
 
 
-def _as_key_list(keys: str | list[str] | tuple | None) -> list[str]:
-    if keys is None:
-        return []
-    if isinstance(keys, str):
-        return [keys]
-    if isinstance(keys, list | tuple):
-        return list(keys)
-    raise TypeError(f"keys must be a str or a list of str, got {type(keys).__name__}")
-
-
-def _merge_meta_info(data: list[DataProto]) -> dict:
-    """meta_info of concatenated parts: shared keys must agree; ``metrics`` become a dict of lists over parts
-    (a part's ``metrics`` may be a dict or a list of dicts; keys missing from a part are simply not appended)."""
-    merged: dict = {}
-    all_metrics: list[dict] = []
-    for part in data:
-        for key, val in part.meta_info.items():
-            if key == "metrics":
-                if val is not None:
-                    all_metrics.extend(val if isinstance(val, list) else [val])
-            elif key in merged and not _deep_equal(merged[key], val):
-                raise ValueError(
-                    f"DataProto.concat: meta_info[{key!r}] differs between parts ({merged[key]!r} vs {val!r})"
-                )
-            else:
-                merged[key] = val
-    if all_metrics:
-        metrics: dict[str, list] = {}
-        for entry in all_metrics:
-            for key, val in entry.items():
-                metrics.setdefault(key, []).append(val)
-        merged["metrics"] = metrics
-    return merged
-
-
-def _torch_save_bytes(obj: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
+def collate_fn(x: list[DataProtoItem]) -> DataProto:
+    """Stack DataProtoItems (e.g. from a DataLoader over a DataProto) back into one DataProto."""
+    batch = None
+    if x and x[0].batch is not None:
+        batch = torch.stack([item.batch for item in x]).contiguous()
+    non_tensor = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in x])
+    return DataProto(batch=batch, non_tensor_batch={k: _stack_rows(v, k) for k, v in non_tensor.items()})
 
 
 __getattr__ = missing_name_getattr(__name__)  # upstream names missing here raise with the reason (verl.upstream_gaps)

@@ -30,8 +30,14 @@ def _rank() -> dict:
     init_parallel_state(dp_size=1, dp_shard_size=1, ulysses_size=2, dp_mode="fsdp2", device_type="cpu")
     state = get_parallel_state()
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=0,
-                         num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=0,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     model = Qwen2ForCausalLM(config)
     ids = torch.randint(1, 64, (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(1))
     pos = torch.cat([torch.arange(n) for n in LENGTHS])[None]

@@ -43,22 +43,37 @@ def main(path: str) -> None:
     save_tiny_checkpoint("qwen3_5_moe", tokenizer, path)
     world = dist.get_world_size()
     _step("init_parallel_state", lambda: init_parallel_state(dp_size=world, dp_shard_size=world, device_type="cpu"))
-    eager = {f"{op}_implementation": "eager" for op in (
-        "moe", "cross_entropy_loss", "rms_norm", "swiglu_mlp", "rotary_pos_emb", "load_balancing_loss",
-        "rms_norm_gated", "causal_conv1d", "chunk_gated_delta_rule")}  # fmt: skip
+    eager = {
+        f"{op}_implementation": "eager"
+        for op in (
+            "moe",
+            "cross_entropy_loss",
+            "rms_norm",
+            "swiglu_mlp",
+            "rotary_pos_emb",
+            "load_balancing_loss",
+            "rms_norm_gated",
+            "causal_conv1d",
+            "chunk_gated_delta_rule",
+        )
+    }
     ops = OpsImplementationConfig(attn_implementation="sdpa", **eager)
     model = _step(
         "build_foundation_model",
         lambda: build_foundation_model(
             path, path, torch_dtype="float32", attn_implementation="sdpa", init_device="cpu", ops_implementation=ops
-        ),  # fmt: skip
+        ),
     )
     ids = torch.randint(5, 250, (1, 24), generator=torch.Generator().manual_seed(0))
     cu = torch.tensor([0, 10, 24], dtype=torch.int32)  # two packed sequences, 10 + 14 tokens
     packed = dict(
-        position_ids=torch.cat([torch.arange(10), torch.arange(14)]).unsqueeze(0), cu_seq_lens_q=cu,
-        cu_seq_lens_k=cu, max_length_q=14, max_length_k=14, use_cache=False,
-    )  # fmt: skip
+        position_ids=torch.cat([torch.arange(10), torch.arange(14)]).unsqueeze(0),
+        cu_seq_lens_q=cu,
+        cu_seq_lens_k=cu,
+        max_length_q=14,
+        max_length_k=14,
+        use_cache=False,
+    )
     with torch.no_grad():
         _step("packed forward", lambda: model(input_ids=ids, **packed).logits)
     parallel = _step(
@@ -68,7 +83,7 @@ def main(path: str) -> None:
             weights_path=path,
             mixed_precision=MixedPrecisionConfig(enable=False),
             enable_gradient_checkpointing=False,
-        ),  # fmt: skip
+        ),
     )
     _step("forward + backward", lambda: parallel(input_ids=ids, labels=ids, **packed).loss.backward())
 

@@ -23,8 +23,10 @@ def test_quick_comparison_runs_and_reports_every_phase(tmp_path):
     """--quick runs one round of each trainer and prints the per-phase table, start-up and both reward curves."""
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--trl-python", TRL_PYTHON, "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     for row in ("| generation |", "| update (fwd+bwd+optim) |", "| whole step |", "| launch -> first step |"):
         assert row in out.stdout

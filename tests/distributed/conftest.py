@@ -55,9 +55,14 @@ def actor_keys() -> dict:
     """Actor keys shared by the worker config and the single-process reference: 8 responses per mini-batch (one
     optimizer step per update), 2 per micro-batch, KL loss on, grad clip 1."""
     return dict(
-        ppo_mini_batch_size=ROWS, rollout_n=1, ppo_micro_batch_size_per_gpu=2, use_kl_loss=True, kl_loss_coef=0.1,
-        use_torch_compile=False, grad_clip=1.0,
-    )  # fmt: skip
+        ppo_mini_batch_size=ROWS,
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=2,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        use_torch_compile=False,
+        grad_clip=1.0,
+    )
 
 
 @dataclass

@@ -55,8 +55,14 @@ def _save_resume(configs: dict, batches: list[DataProto], root: str) -> dict:
         b.init_model()
         b.load_checkpoint(ckpt)
         b_steps = _updates(b, batches[1:], rank, world)
-        out[strategy] = {"ckpt": ckpt, "a": a_steps, "b": b_steps, "saved": saved, "a_final": a_final,
-                         "b_final": _full_state(b)}  # fmt: skip
+        out[strategy] = {
+            "ckpt": ckpt,
+            "a": a_steps,
+            "b": b_steps,
+            "saved": saved,
+            "a_final": a_final,
+            "b_final": _full_state(b),
+        }
     return out
 
 

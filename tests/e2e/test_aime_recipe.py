@@ -54,9 +54,17 @@ CPU_REPLACEMENTS = {
 }
 # The recipe's sizes, through its own environment variables: 1 CPU "device", 2 prompts x 2 responses, short lengths.
 RECIPE_ENV = dict(
-    NNODES="1", NPUS_PER_NODE="1", DEVICE="cpu", ROLLOUT_TP="1", TRAIN_BATCH_SIZE="2", PPO_MINI_BATCH_SIZE="2",
-    N_RESPONSES="2", MAX_PROMPT_LENGTH="192", MAX_RESPONSE_LENGTH="8", LOGGER="['console','file']",
-)  # fmt: skip
+    NNODES="1",
+    NPUS_PER_NODE="1",
+    DEVICE="cpu",
+    ROLLOUT_TP="1",
+    TRAIN_BATCH_SIZE="2",
+    PPO_MINI_BATCH_SIZE="2",
+    N_RESPONSES="2",
+    MAX_PROMPT_LENGTH="192",
+    MAX_RESPONSE_LENGTH="8",
+    LOGGER="['console','file']",
+)
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> str:
@@ -93,11 +101,18 @@ def test_aime_preprocess_then_recipe_overrides_train_three_steps(tmp_path):
     finally:
         sys.path.pop(0)
     data_dir = tmp_path / "data"
-    written = aime.main([
-        "--input_jsonl", _write_jsonl(tmp_path / "aime.jsonl", AIME),
-        "--train_set", "dapo_math", "--train_path", _write_jsonl(tmp_path / "dapo.jsonl", DAPO),
-        "--local_save_dir", str(data_dir / "aime"),
-    ])  # fmt: skip
+    written = aime.main(
+        [
+            "--input_jsonl",
+            _write_jsonl(tmp_path / "aime.jsonl", AIME),
+            "--train_set",
+            "dapo_math",
+            "--train_path",
+            _write_jsonl(tmp_path / "dapo.jsonl", DAPO),
+            "--local_save_dir",
+            str(data_dir / "aime"),
+        ]
+    )
     assert set(written) == {"train", "test"}
 
     corpus = [r["prompt"][0]["content"] for r in DAPO] + [a["Problem"] for a in AIME] + ["Answer: 6"]

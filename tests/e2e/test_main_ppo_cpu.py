@@ -272,8 +272,14 @@ def test_killed_launcher_commits_no_checkpoint_after_the_kill(assets, tmp_path):
     """
     common = ("trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.val_before_train=False")
     ckpt = tmp_path / "ckpt"
-    process = subprocess.Popen(_command(assets, tmp_path, *common), env=_env(), cwd=REPO, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        _command(assets, tmp_path, *common),
+        env=_env(),
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         step, frozen = _freeze_while_saving(process, ckpt, range(2, 5))
     finally:
@@ -429,8 +435,12 @@ def test_missing_logger_package_fails_before_ray(assets, tmp_path):
     start = time.time()
     result = subprocess.run(
         _command(assets, tmp_path, "trainer.logger=[console,swanlab]"),
-        env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "pip install swanlab" in output and ".[tracking]" in output

@@ -106,8 +106,13 @@ def test_grpo_with_vllm_and_token_is_logs_rollout_correction(assets, tmp_path, c
     metrics = _run(assets, tmp_path, "trainer.total_training_steps=3", "algorithm.rollout_correction.rollout_is=token")
     assert sorted(metrics) == [1, 2, 3]
     for step, data in metrics.items():
-        for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_std", "rollout_corr/kl",
-                    "rollout_corr/chi2_token", "rollout_corr/rollout_is_eff_sample_size"):  # fmt: skip
+        for key in (
+            "rollout_corr/rollout_is_mean",
+            "rollout_corr/rollout_is_std",
+            "rollout_corr/kl",
+            "rollout_corr/chi2_token",
+            "rollout_corr/rollout_is_eff_sample_size",
+        ):
             assert key in data, f"step {step} lacks {key}"
         assert data["rollout_corr/rollout_is_std"] > 0, f"step {step}: every IS weight is the same"
         assert data["rollout_corr/rollout_is_max"] > data["rollout_corr/rollout_is_min"], step

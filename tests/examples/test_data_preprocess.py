@@ -68,9 +68,11 @@ def test_math_dataset(tmp_path, tokenizer):
     """Ground truth = last boxed of the solution; data_source routes to the MATH scorer."""
     source = write_jsonl(
         tmp_path / "m.jsonl",
-        [{"problem": "What is 1/2 + 1/2?", "solution": "We get \\boxed{1}."},
-         {"problem": "Simplify 2/4.", "solution": "It is \\boxed{\\frac{1}{2}}."}],
-    )  # fmt: skip
+        [
+            {"problem": "What is 1/2 + 1/2?", "solution": "We get \\boxed{1}."},
+            {"problem": "Simplify 2/4.", "solution": "It is \\boxed{\\frac{1}{2}}."},
+        ],
+    )
     written = script("math_dataset").main(["--input_jsonl", source, "--local_save_dir", str(tmp_path / "o")])
     rows = load_rows(written["train"])
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["1", "\\frac{1}{2}"]
@@ -137,7 +139,9 @@ def test_runs_as_a_script(tmp_path):
     """`python examples/data_preprocess/gsm8k.py --local_save_dir DIR` works from the command line."""
     result = subprocess.run(
         [sys.executable, os.path.join(EXAMPLES, "gsm8k.py"), "--local_save_dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "train.parquet").is_file() and "wrote 64 rows" in result.stdout

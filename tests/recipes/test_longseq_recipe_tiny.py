@@ -109,9 +109,13 @@ def _batch(shape: dict, vocab: int) -> DataProto:
 
 def _worker(rank, port, cfg, shape, vocab, out):
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(SP),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(SP),
-    )  # fmt: skip
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(SP),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(SP),
+    )
     torch.set_num_threads(1)
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 

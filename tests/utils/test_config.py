@@ -307,8 +307,15 @@ def test_entry_point_fails_before_ray_naming_the_key(tmp_path):
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", "actor_rollout_ref.rollout.name=hf", "trainer.device=cpu",
-               "+trainer.total_epoch=3", f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        "actor_rollout_ref.rollout.name=hf",
+        "trainer.device=cpu",
+        "+trainer.total_epoch=3",
+        f"hydra.run.dir={tmp_path}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0

@@ -93,8 +93,9 @@ def test_batch_limit_ends_every_unfinished_call(pool, monkeypatch):
     monkeypatch.setattr(pool, "progress_every_s", 0.4)
     events = []
     start = time.monotonic()
-    outcomes = pool.map([{"x": i, "mode": "hang_with_child", "pid_file": os.devnull} for i in range(4)], None, 1.5,
-                        events.append)  # fmt: skip
+    outcomes = pool.map(
+        [{"x": i, "mode": "hang_with_child", "pid_file": os.devnull} for i in range(4)], None, 1.5, events.append
+    )
     assert time.monotonic() - start < 10  # the hang is 3600 s: returning at all proves the limit
     assert all(o.timed_out and o.limit == "batch" for o in outcomes)
     kinds = [e.kind for e in events]

@@ -102,8 +102,10 @@ def test_torch_profiler_writes_a_trace_with_the_marked_ranges(tmp_path):
 def test_rank_selection_follows_upstream():
     """enable + ranks=[1]: only rank 1; enable without ranks: rank 0; all_ranks: every rank; disabled: none
     (and then even an unimplemented tool is never started)."""
-    assert [DistProfiler(r, ProfilerConfig(tool="torch", enable=True, ranks=[1], save_path="x")).check_this_rank()
-            for r in (0, 1)] == [False, True]  # fmt: skip
+    assert [
+        DistProfiler(r, ProfilerConfig(tool="torch", enable=True, ranks=[1], save_path="x")).check_this_rank()
+        for r in (0, 1)
+    ] == [False, True]
     assert DistProfiler(0, ProfilerConfig(tool="torch", enable=True, save_path="x")).check_this_rank()
     assert not DistProfiler(1, ProfilerConfig(tool="torch", enable=True, save_path="x")).check_this_rank()
     assert DistProfiler(5, ProfilerConfig(tool="torch", enable=True, all_ranks=True, save_path="x")).check_this_rank()

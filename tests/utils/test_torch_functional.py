@@ -278,3 +278,25 @@ def test_reexported_names_exist():
     ]
     missing = [name for name in names if not callable(getattr(verl_F, name, None))]
     assert missing == []
+
+
+def test_logprobs_kernel_follows_the_tensors_platform(npu_sim, monkeypatch):
+    """On the simulated Ascend, NPU logits take torch_npu's cross-entropy (Platform.cross_entropy_kernel) and CPU
+    logits in the same process the plain formula; both equal log_softmax gathered at the labels."""
+    calls = []
+    real = verl_F.logprobs_from_logits_torch_npu
+
+    def spy(logits, labels):
+        calls.append(logits.device.type)
+        return real(logits, labels)
+
+    monkeypatch.setattr(verl_F, "logprobs_from_logits_torch_npu", spy)
+    logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([[0, 6, 3], [1, 2, 5]])
+    reference = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+    on_npu = verl_F.logprobs_from_logits(logits.to("npu"), labels.to("npu"))
+    assert calls == ["npu"]
+    torch.testing.assert_close(on_npu.cpu(), reference)
+    on_cpu = verl_F.logprobs_from_logits(logits, labels)
+    assert calls == ["npu"]  # the CPU tensor did not take the NPU kernel
+    torch.testing.assert_close(on_cpu, reference)

@@ -184,8 +184,13 @@ def test_swanlab_backend_offline(monkeypatch, tmp_path):
     monkeypatch.delenv("SWANLAB_LOG_DIR", raising=False)
     with Tracking("proj", "exp", default_backend=["swanlab"], config={"a": 1}, log_dir=str(tmp_path)) as t:
         t.log({"loss": np.float32(0.5), "note": "text"}, step=3)
-    init = {"project": "proj", "experiment_name": "exp", "config": {"FRAMEWORK": "verl", "a": 1},
-            "logdir": str(tmp_path / "swanlog"), "mode": "offline"}  # fmt: skip
+    init = {
+        "project": "proj",
+        "experiment_name": "exp",
+        "config": {"FRAMEWORK": "verl", "a": 1},
+        "logdir": str(tmp_path / "swanlog"),
+        "mode": "offline",
+    }
     assert fake.calls == [("init", (), init), ("log", (), {"data": {"loss": 0.5}, "step": 3}), ("finish", (), {})]
 
 

@@ -13,10 +13,17 @@ VOCAB = 128
 def tiny_qwen2(seed: int = 0, *, tie: bool = False, layers: int = 2) -> Qwen2ForCausalLM:
     """A random tiny Qwen2 (hidden 32, 2 layers, vocab 128), fp32, sdpa."""
     cfg = Qwen2Config(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, max_position_embeddings=128, tie_word_embeddings=tie, attn_implementation="sdpa",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie,
+        attn_implementation="sdpa",
         use_cache=False,
-    )  # fmt: skip
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Qwen2ForCausalLM(cfg).float()

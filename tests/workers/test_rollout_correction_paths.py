@@ -49,10 +49,15 @@ def qwen2_dir(tmp_path, make_model):
 def _config(model_dir: str) -> ActorRolloutRefConfig:
     fsdp = FSDPEngineConfig(mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"})
     actor = FSDPActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_torch_compile=False,
-        optim=FSDPOptimizerConfig(lr=1e-3), fsdp_config=fsdp, policy_loss=PolicyLossConfig(loss_mode="bypass_mode"),
+        strategy="fsdp2",
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        use_torch_compile=False,
+        optim=FSDPOptimizerConfig(lr=1e-3),
+        fsdp_config=fsdp,
+        policy_loss=PolicyLossConfig(loss_mode="bypass_mode"),
         loss_agg_mode="seq-mean-token-sum",
-    )  # fmt: skip
+    )
     rollout = RolloutConfig(name="hf", n=2, temperature=0.7, log_prob_micro_batch_size_per_gpu=3)
     model = HFModelConfig(path=model_dir, enable_gradient_checkpointing=False)
     return ActorRolloutRefConfig(model=model, actor=actor, ref=FSDPRefConfig(strategy="fsdp2"), rollout=rollout)

@@ -50,9 +50,14 @@ class ExpertsObserver:
 
 def _log_probs(model, batch, remove_padding=True, routing=None):
     return forward_log_probs(
-        model, batch, response_length=RESPONSE_LEN, temperature=1.0, calculate_entropy=False,
-        options=LogProbOptions(use_remove_padding=remove_padding), routing=routing,
-    )  # fmt: skip
+        model,
+        batch,
+        response_length=RESPONSE_LEN,
+        temperature=1.0,
+        calculate_entropy=False,
+        options=LogProbOptions(use_remove_padding=remove_padding),
+        routing=routing,
+    )
 
 
 def test_routing_layout_and_bytes_per_token(moe, make_batch):
@@ -132,9 +137,13 @@ def test_clear_errors(moe, make_batch, make_model):
 # ------------------------------------------------------------------------------------------------ the actor (R2)
 def _actor(moe, mode: str, lr: float) -> DataParallelPPOActor:
     config = FSDPActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, ppo_epochs=3,
-        use_torch_compile=False, router_replay=RouterReplayConfig(mode=mode),
-    )  # fmt: skip
+        strategy="fsdp2",
+        ppo_mini_batch_size=8,
+        ppo_micro_batch_size_per_gpu=8,
+        ppo_epochs=3,
+        use_torch_compile=False,
+        router_replay=RouterReplayConfig(mode=mode),
+    )
     optimizer = torch.optim.SGD(moe.parameters(), lr=lr)
     return DataParallelPPOActor(config, moe, optimizer, LogProbOptions(use_remove_padding=True))
 

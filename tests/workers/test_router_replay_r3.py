@@ -72,9 +72,15 @@ def _prompts(batch_size, seed=0, **meta) -> DataProto:
 
 def _rollout(model, **overrides) -> HFRollout:
     config = dict(
-        name="hf", response_length=RESPONSE_LEN, temperature=1.0, top_k=-1, top_p=1.0, max_num_seqs=3,
-        calculate_log_probs=True, enable_rollout_routing_replay=True,
-    )  # fmt: skip
+        name="hf",
+        response_length=RESPONSE_LEN,
+        temperature=1.0,
+        top_k=-1,
+        top_p=1.0,
+        max_num_seqs=3,
+        calculate_log_probs=True,
+        enable_rollout_routing_replay=True,
+    )
     config.update(overrides)
     return HFRollout(model, RolloutConfig(**config))
 
@@ -123,9 +129,13 @@ def test_rollout_routing_refuses_a_dense_model(make_model):
 
 def _actor(moe, mode: str, lr: float) -> DataParallelPPOActor:
     config = FSDPActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, ppo_epochs=3,
-        use_torch_compile=False, router_replay=RouterReplayConfig(mode=mode),
-    )  # fmt: skip
+        strategy="fsdp2",
+        ppo_mini_batch_size=8,
+        ppo_micro_batch_size_per_gpu=8,
+        ppo_epochs=3,
+        use_torch_compile=False,
+        router_replay=RouterReplayConfig(mode=mode),
+    )
     optimizer = torch.optim.SGD(moe.parameters(), lr=lr)
     return DataParallelPPOActor(config, moe, optimizer, LogProbOptions(use_remove_padding=True))
 

@@ -23,9 +23,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["fsdp"], default="fsdp")
     parser.add_argument("--local_dir", required=True, help="the actor (or critic) directory of a checkpoint step")
     parser.add_argument(
-        "--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
+        "--trust-remote-code",
+        "--trust_remote_code",
+        dest="trust_remote_code",
+        action="store_true",
         help="allow model code shipped with the checkpoint's config (auto_map)",
-    )  # fmt: skip
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -39,7 +39,7 @@ def find_upstream_shards(local_dir: str | os.PathLike) -> list[Path]:
         return []
     if len(found) > 1:
         raise ValueError(f"{local_dir}: model shards of several world sizes {sorted(found)}; keep one run's files")
-    (world_size, by_rank), = found.items()  # fmt: skip
+    ((world_size, by_rank),) = found.items()
     missing = sorted(set(range(world_size)) - set(by_rank))
     if missing:
         raise FileNotFoundError(f"{local_dir}: model_world_size_{world_size}_rank_{{{missing}}}.pt missing")

@@ -20,10 +20,9 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "select_backend", "fla_available"]
+__all__ = ["BACKENDS", "select_backend", "fla_available", "has_fla_kernels"]
 
 BACKENDS = ("auto", "torch", "fla")
-_ACCELERATORS = ("cuda", "npu")
 # The fla modules our fla backends import; all must import for the backend to be usable.
 _FLA_MODULES = ("fla.ops.gated_delta_rule", "fla.modules.causal_conv1d")
 
@@ -38,6 +37,15 @@ def fla_available() -> bool:
         logger.info("fla kernels unavailable (%s: %s)", type(e).__name__, e)
         return False
     return True
+
+
+def has_fla_kernels(device_type: str) -> bool:
+    """Whether fla has kernels for tensors on ``device_type`` (``Platform.fla_kernels``; False for a device type
+    no platform owns, such as ``meta``)."""
+    from verl.utils.platform import platform_of_device_type
+
+    platform = platform_of_device_type(device_type)
+    return platform is not None and platform.fla_kernels
 
 
 @functools.cache
@@ -69,7 +77,7 @@ def select_backend(
         raise ValueError(f"{op}: unknown backend {requested!r}; valid: {BACKENDS}")
     if requested == "torch":
         return "torch"
-    if device_type not in _ACCELERATORS:
+    if not has_fla_kernels(device_type):
         if requested == "fla":
             raise ValueError(
                 f"{op}: the fla backend needs a CUDA GPU or an Ascend NPU, got device {device_type!r}; "

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.ppo.utils import Role, need_critic, need_reference_policy
+
+if TYPE_CHECKING:
+    from verl.trainer.config.ppo_trainer import PPOTrainerConfig
 
 # Environment every worker process gets (values already set in the driver's environment win).
 _WORKER_ENV = {
@@ -30,23 +33,34 @@ _WORKER_ENV = {
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    run_ppo(prepare_config(config))
+    config, typed_config = prepare_config(config)
+    run_ppo(config, typed_config=typed_config)
 
 
-def prepare_config(config: DictConfig) -> DictConfig:
-    """Resolve the device and validate the whole config on the driver (raises ``ValueError`` naming the key)."""
+def prepare_config(config: DictConfig) -> tuple[DictConfig, PPOTrainerConfig]:
+    """Resolve the device and validate the whole config on the driver (raises ``ValueError`` naming the key).
+
+    Returns ``(config, typed_config)``: the DictConfig (what upstream's ``RayPPOTrainer`` and workers take) and the
+    ``PPOTrainerConfig`` dataclass tree ``validate_config`` built from it, which the TaskRunner reads its data and
+    reward settings from, so each default is the dataclass's and nothing is converted twice."""
     from verl.trainer.config.legacy_reward import migrate_legacy_reward_impl
-    from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device, validate_device
     from verl.utils.tracking import check_logger_packages
 
     config = migrate_legacy_reward_impl(config)
     auto_set_device(config)
     validate_device(config.trainer.device)
-    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    typed_config = validate_typed(config)
     # after the keys are known good (a misspelt key is the first thing to report); still before Ray and the models
     check_logger_packages(config.trainer.logger)
-    return config
+    return config, typed_config
+
+
+def validate_typed(config: DictConfig) -> PPOTrainerConfig:
+    """``validate_config`` with the roles this config needs: the typed ``PPOTrainerConfig``."""
+    from verl.utils.config import validate_config
+
+    return validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
 
 
 # Driver variables forwarded to every worker: on a cluster started with `ray start`, workers inherit the
@@ -110,8 +124,11 @@ def init_ray(config: DictConfig) -> None:
     ray.init(include_dashboard=False, **ray_init_kwargs(config.ray_kwargs.ray_init))
 
 
-def run_ppo(config: DictConfig) -> None:
+def run_ppo(config: DictConfig, typed_config: PPOTrainerConfig | None = None) -> None:
     """Start (or attach to) Ray, run the TaskRunner actor to completion.
+
+    ``typed_config``: the ``PPOTrainerConfig`` of :func:`prepare_config`; None validates ``config`` in the
+    TaskRunner (a caller that builds its own DictConfig, as upstream's ``run_ppo(config)``).
 
     A lost worker (its process or its node) ends the run with :class:`WorkerLostError`, raised here on the driver,
     naming the node and the last complete checkpoint to resume from.
@@ -122,7 +139,7 @@ def run_ppo(config: DictConfig) -> None:
         init_ray(config)
     runner = ray.remote(num_cpus=1)(TaskRunner).options(**_on_driver_node()).remote()
     try:
-        ray.get(runner.run.remote(config))
+        ray.get(runner.run.remote(config, typed_config))
     except ray.exceptions.RayTaskError as exc:
         if isinstance(exc.cause, WorkerLostError):
             raise exc.cause from None  # the message says it all; the remote traceback adds nothing
@@ -167,7 +184,9 @@ def resume_hint(trainer_config) -> str:
 class TaskRunner:
     """Builds every component on a Ray node and runs training (a Ray actor, so the driver stays light)."""
 
-    def run(self, config: DictConfig) -> None:
+    def run(self, config: DictConfig, typed_config: PPOTrainerConfig | None = None) -> None:
+        """Build and train. ``typed_config`` (the validated ``PPOTrainerConfig``) supplies the data and reward
+        settings; None validates ``config`` here."""
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.trainer.ppo.reward import load_reward_manager
         from verl.utils.dataset.rl_dataset import collate_fn
@@ -176,6 +195,7 @@ class TaskRunner:
 
         start_driver_watch("the TaskRunner")  # a dead driver stops the trainer at once (no save after it)
         OmegaConf.resolve(config)
+        typed_config = validate_typed(config) if typed_config is None else typed_config
         model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
         trust_remote_code = config.data.trust_remote_code
         tokenizer = hf_tokenizer(model_path, trust_remote_code=trust_remote_code)
@@ -187,12 +207,12 @@ class TaskRunner:
             processor=processor,
             role_worker_mapping=self.role_worker_mapping(config),
             resource_pool_manager=self.resource_pool_manager(config),
-            reward_fn=load_reward_manager(config, tokenizer, num_examine=0),
-            val_reward_fn=load_reward_manager(config, tokenizer, num_examine=1),
+            reward_fn=load_reward_manager(typed_config, tokenizer, num_examine=0),
+            val_reward_fn=load_reward_manager(typed_config, tokenizer, num_examine=1),
             train_dataset=train_dataset,
             val_dataset=create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, False),
             collate_fn=collate_fn,
-            train_sampler=create_rl_sampler(config.data, train_dataset),
+            train_sampler=create_rl_sampler(typed_config.data, train_dataset),
         )
         from verl.single_controller.ray.worker_loss import WorkerLostError, describe_placement
 
@@ -268,12 +288,14 @@ def create_rl_sampler(data_config, dataset):
     from torch.utils.data import SequentialSampler
     from torchdata.stateful_dataloader.sampler import RandomSampler
 
+    from verl.trainer.config.data import shuffle_seed
+
     custom = data_config.get("sampler")  # a DictConfig or a DataConfig: both read like a Mapping
     if custom is not None and custom.class_path is not None:
         return _custom_sampler(custom.class_path, custom.class_name, data_config, dataset)
     if data_config.shuffle:
         generator = torch.Generator()
-        generator.manual_seed(data_config.seed if data_config.seed is not None else 1)
+        generator.manual_seed(shuffle_seed(data_config.get("seed")))
         return RandomSampler(data_source=dataset, generator=generator)
     return SequentialSampler(data_source=dataset)
 

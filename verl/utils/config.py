@@ -338,7 +338,11 @@ def _check_supported_features(config: Any) -> None:
 
 def _warn_deprecated(config: Any) -> None:
     if config.data.val_batch_size is not None:
-        logger.warning("data.val_batch_size is deprecated and ignored: validation runs the whole set as one batch.")
+        logger.warning(
+            "data.val_batch_size is deprecated (still honoured: validation batches of %d prompts); set it to null to "
+            "validate the whole set as one batch.",
+            config.data.val_batch_size,
+        )
     algorithm, actor = config.algorithm, config.actor_rollout_ref.actor
     if algorithm.use_kl_in_reward and actor.use_kl_loss:
         logger.warning(

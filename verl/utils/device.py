@@ -134,10 +134,9 @@ def get_device_capability(device_id: int = 0) -> tuple[int | None, int | None]:
 
 
 def is_support_ipc() -> bool:
-    """Whether NPU IPC weight sharing is supported (driver >= 25.3.rc1, CANN >= 8.3.rc1); True off NPU."""
-    if get_device_name() != "npu":
-        return True
-    return check_ipc_version_support(*get_npu_versions())
+    """Whether device IPC weight sharing works here (``Platform.supports_ipc``: on NPU it needs driver >= 25.3.rc1
+    and CANN >= 8.3.rc1; True elsewhere)."""
+    return get_platform().supports_ipc()
 
 
 def manual_seed(seed: int) -> None:
@@ -173,10 +172,11 @@ def _resolve_device(requested: str | None) -> str:
     if requested is None or str(requested).strip().lower() in ("", "auto"):
         return detect_platform_name()
     name = normalize_platform_name(requested)
-    if name != "cuda" or PlatformRegistry.create("cuda").is_available():
+    platform = PlatformRegistry.create(name)
+    if not platform.fallback_when_missing or platform.is_available():
         return name
     detected = detect_platform_name()
-    logger.warning("trainer.device=cuda but no CUDA device is available; using %r (detected)", detected)
+    logger.warning("trainer.device=%s but no %s device is available; using %r (detected)", name, name, detected)
     return detected
 
 

@@ -21,14 +21,16 @@ CPU specifics (docs/cpu_notes.md "FSDP on the CPU"): FSDP1 needs ``device_id=tor
 
 The wrap policy (field-report item 6; which modules become units, the same for both strategies) lives in
 ``verl.utils.fsdp_wrap_policy`` and is re-exported here under its upstream names. :meth:`FSDPAdapter.describe`
-reads back what a wrapper actually does (mesh, dtypes, offload, resharding, prefetch) for logs and tests.
+reads back what a wrapper actually does (mesh, dtypes, offload, resharding, prefetch) for logs and tests. The
+helpers that call torch's private FSDP runtime (root unshard, FSDP1 flat-parameter moves) are in
+``verl.utils.fsdp_internals``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,12 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from verl.upstream_gaps import missing_name_getattr
 from verl.utils.device import get_device_name
+from verl.utils.fsdp_internals import (
+    fsdp1_root_unsharded,
+    fsdp2_grad_sync,
+    fsdp2_root_unsharded,
+    move_fsdp1_flat_params,
+)
 from verl.utils.fsdp_wrap_policy import (  # noqa: F401  (upstream import path of the wrap-policy helpers)
     _get_optional,
     get_fsdp_wrap_policy,
@@ -343,13 +351,13 @@ class FSDP1Adapter(FSDPAdapter):
             module.load_state_dict(state_dict)
 
     def inference_params(self, module):
-        return _fsdp1_root_unsharded(module)
+        return fsdp1_root_unsharded(module)
 
     def offload_params(self, module):
-        _move_fsdp1_flat_params(module, torch.device("cpu"))
+        move_fsdp1_flat_params(module, torch.device("cpu"))
 
     def load_params(self, module, device):
-        _move_fsdp1_flat_params(module, torch.device(device))
+        move_fsdp1_flat_params(module, torch.device(device))
 
 
 class FSDP2Adapter(FSDPAdapter):
@@ -417,7 +425,7 @@ class FSDP2Adapter(FSDPAdapter):
         return None  # every fsdp_config key has an FSDP2 meaning
 
     def grad_sync(self, module, enabled):
-        return _fsdp2_grad_sync(module, enabled)
+        return fsdp2_grad_sync(module, enabled)
 
     def clip_grad_norm(self, module, max_norm):
         from torch.distributed.tensor import DTensor
@@ -444,74 +452,13 @@ class FSDP2Adapter(FSDPAdapter):
         # The root group's parameters (embeddings, the vision tower when it is no unit of its own) are gathered by
         # the root forward's hook; ``generate`` also calls the model outside its forward (transformers >= 5.x
         # encodes the images before the first decoding step), so gather them for the whole call.
-        return _fsdp2_root_unsharded(module)
+        return fsdp2_root_unsharded(module)
 
     def offload_params(self, module):
         module.to("cpu")
 
     def load_params(self, module, device):
         module.to(device)
-
-
-@contextlib.contextmanager
-def _fsdp2_root_unsharded(module: nn.Module) -> Iterator[None]:
-    if not hasattr(module, "unshard"):  # not an FSDP2 module (e.g. a single-process model)
-        yield
-        return
-    # The root must initialise first: otherwise the first nested unit to run (a vision block, called by generate's
-    # image encoding) would take itself for the root and the next root forward fails (torch's FSDP2 lazy init).
-    module._get_fsdp_state()._lazy_init()
-    module.unshard()
-    try:
-        yield
-    finally:
-        module.reshard()
-
-
-@contextlib.contextmanager
-def _fsdp1_root_unsharded(module: nn.Module) -> Iterator[None]:
-    """The FSDP1 root unit's parameters gathered exactly as its forward gathers them: in ``param_dtype``.
-
-    Not ``summon_full_params``: that always gathers in full precision, so under bf16 mixed precision the root's
-    modules (embeddings, final norm, lm_head, the vision tower's patch embed/merger) would run in fp32 while the
-    nested units (decoder layers) run in bf16, and the first bf16 layer fails on the fp32 hidden states ("expected
-    ... the same dtype, but got: float != c10::BFloat16") -- and even where it ran, generate would sample from
-    other numerics than the forward that scores the samples. Only the root: the nested units gather theirs in
-    their own forward, which needs their handles idle. The handle calls are the ones FSDP1's pre-forward makes
-    (torch.distributed.fsdp._runtime_utils); the handle is in its FORWARD state while it unshards because only then
-    does FSDP1 (``use_orig_params=False``) point the modules' parameters at the gathered low-precision data --
-    otherwise they keep their construction-time fp32 tensors (or a freed earlier gather)."""
-    from torch.distributed.fsdp._common_utils import HandleTrainingState
-    from torch.distributed.fsdp._runtime_utils import _lazy_init, _reshard, _unshard
-
-    _lazy_init(module, module)
-    handle = module._handle
-    if handle is None:  # the root holds no parameters of its own
-        yield
-        return
-    free_after = handle.needs_unshard()  # NO_SHARD keeps its (full-size) shard
-    stream = module._device_handle.current_stream()
-    handle._training_state = HandleTrainingState.FORWARD
-    try:
-        _unshard(module, handle, stream, stream)
-    finally:
-        handle._training_state = HandleTrainingState.IDLE
-    try:
-        yield
-    finally:
-        _reshard(module, handle, free_after)
-
-
-@contextlib.contextmanager
-def _fsdp2_grad_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
-    if enabled:
-        yield
-        return
-    module.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)
 
 
 _ADAPTERS: dict[str, FSDPAdapter] = {"fsdp": FSDP1Adapter(), "fsdp2": FSDP2Adapter()}
@@ -531,21 +478,6 @@ def adapter_for(module: nn.Module) -> FSDPAdapter | None:
 # --------------------------------------------------------------------------------------------------------------
 # offload (upstream function names); every tensor of a phase is on ONE device (field-report item 10)
 # --------------------------------------------------------------------------------------------------------------
-
-
-def _move_fsdp1_flat_params(module: nn.Module, device: torch.device) -> None:
-    from torch.distributed.fsdp._runtime_utils import _lazy_init
-
-    _lazy_init(module, module)
-    for handle in module._all_handles:
-        if handle._offload_params:
-            continue  # FSDP1 CPUOffload owns placement
-        flat = handle.flat_param
-        handle.flat_param_to(device, non_blocking=False)
-        # the local shard aliases the flat parameter's storage; keep them one tensor on one device
-        flat._local_shard = flat.data
-        if flat.grad is not None:
-            flat.grad = flat.grad.to(device)
 
 
 def offload_fsdp_model_to_cpu(model: nn.Module) -> None:

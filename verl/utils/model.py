@@ -4,7 +4,6 @@ model size, and the HF model classes the workers build (policy LM, value model).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from verl.upstream_gaps import missing_name_getattr
+from verl.utils.platform.registry import PlatformRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +79,10 @@ def print_model_size(model: nn.Module, name: str | None = None) -> None:
 
 
 def default_attn_implementation(device_name: str) -> str:
-    """``sdpa`` on the CPU; ``flash_attention_2`` on NPU (transformers routes it to the NPU kernel) and on CUDA
-    when flash-attn is installed; ``sdpa`` otherwise. ``model.override_config.attn_implementation`` wins."""
-    if device_name == "npu":
-        return "flash_attention_2"
-    if device_name == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
+    """The platform's default (``Platform.default_attn_implementation``: ``sdpa`` on the CPU,
+    ``flash_attention_2`` on NPU and on CUDA with flash-attn installed). ``model.override_config.attn_implementation``
+    wins over it."""
+    return PlatformRegistry.create(device_name).default_attn_implementation()
 
 
 def load_hf_config(

@@ -19,7 +19,6 @@ Differences from upstream, on purpose:
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -38,6 +37,7 @@ from verl.utils.lr_schedules import (
     get_cosine_schedule_with_warmup,
     get_wsd_schedule_with_warmup,
 )
+from verl.utils.platform.registry import platform_of_device_type
 from verl.utils.tensor_collectives import (
     allgather_dict_into_dict,
     allgather_dict_tensors,
@@ -164,20 +164,26 @@ def gather_from_labels(data: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
     """log softmax(logits)[labels]: logits (..., V), labels (...) -> (...).
 
-    Dispatch as upstream: flash-attn cross-entropy (unless VERL_DISABLE_FLASH_ATTN_CE=1), else torch_npu's
-    cross-entropy on an NPU, else `logprobs_from_logits_v2`. For large vocabularies prefer
-    `log_probs_and_entropy_chunked` or the fused LM-head path.
+    The logits' platform names the fused kernel (``Platform.cross_entropy_kernel``): flash-attn's cross-entropy
+    on CUDA (unless VERL_DISABLE_FLASH_ATTN_CE=1), torch_npu's on an NPU; without one, or when its package does
+    not import, `logprobs_from_logits_v2`. For large vocabularies prefer `log_probs_and_entropy_chunked` or the
+    fused LM-head path.
     """
     _check_logits_labels(logits, labels)
-    use_flash = os.environ.get("VERL_DISABLE_FLASH_ATTN_CE", "0") != "1" and _flash_attn_cross_entropy() is not None
-    if use_flash and logits.device.type != "cpu":
+    kernel = _cross_entropy_kernel(logits.device.type)
+    if kernel == "flash_attn" and _flash_attn_cross_entropy() is not None:
         flat = logprobs_from_logits_flash_attn(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), inplace_backward=inplace_backward
         )
         return flat.view(labels.shape)
-    if _npu_cross_entropy() is not None and logits.device.type == "npu":
+    if kernel == "torch_npu" and _npu_cross_entropy() is not None:
         return logprobs_from_logits_torch_npu(logits, labels)
     return logprobs_from_logits_v2(logits, labels)
+
+
+def _cross_entropy_kernel(device_type: str) -> str | None:
+    platform = platform_of_device_type(device_type)
+    return None if platform is None else platform.cross_entropy_kernel()
 
 
 def logprobs_from_logits_flash_attn(

@@ -362,8 +362,9 @@ class Tracking:
 class ValidationGenerationsLogger:
     """Log validation samples `(input, output, score)` to the selected backends (upstream name and `log` signature)."""
 
-    def __init__(self, project_name: Optional[str] = None, experiment_name: Optional[str] = None,
-                 log_dir: Optional[str] = None):  # fmt: skip
+    def __init__(
+        self, project_name: Optional[str] = None, experiment_name: Optional[str] = None, log_dir: Optional[str] = None
+    ):
         self.project_name = project_name
         self.experiment_name = experiment_name
         self.log_dir = log_dir
@@ -381,6 +382,8 @@ class ValidationGenerationsLogger:
         if "wandb" in loggers:
             import wandb
 
-            table = wandb.Table(columns=["step", "input", "output", "score"],
-                                data=[[step, r["input"], r["output"], r["score"]] for r in rows])  # fmt: skip
+            table = wandb.Table(
+                columns=["step", "input", "output", "score"],
+                data=[[step, r["input"], r["output"], r["score"]] for r in rows],
+            )
             wandb.log({"val/generations": table}, step=step)

@@ -204,8 +204,12 @@ def test_flash_kwargs_are_left_out_with_vision_inputs():
     ids, mask, pos, _ = _batch()
     packed = pack_padded_batch(ids, mask, pos)
     assert set(packed_attention_kwargs(packed)) == {
-        "verl_cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"
-    }  # fmt: skip
+        "verl_cu_seqlens",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+    }
     assert set(packed_attention_kwargs(packed, flash_kwargs=False)) == {"verl_cu_seqlens"}
     seen = {}
     model = _tiny("llama", "sdpa")

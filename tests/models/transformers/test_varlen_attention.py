@@ -114,9 +114,12 @@ def _long_sequence_update(model, tokens: int) -> tuple[_LargestTensors, int]:
     model.train()
     batch = rollout_batch(batch_size=2, prompt_len=16, response_len=tokens // 2 - 16, vocab=VOCAB)
     config = FSDPActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, use_torch_compile=False,
+        strategy="fsdp2",
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size_per_gpu=2,
+        use_torch_compile=False,
         ppo_max_token_len_per_gpu=tokens,
-    )  # fmt: skip
+    )
     actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=1e-3))
     recorder = _LargestTensors()
     with torch.autograd.graph.saved_tensors_hooks(recorder.saved, lambda t: t), recorder:

@@ -32,8 +32,15 @@ CONTENTS = SimpleNamespace(save_contents=["model", "optimizer", "extra"], load_c
 
 def _model(seed: int) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    config = Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, vocab_size=64, max_position_embeddings=32)  # fmt: skip
+    config = Qwen2Config(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        max_position_embeddings=32,
+    )
     return Qwen2ForCausalLM(config).float()
 
 
@@ -79,8 +86,9 @@ def test_commit_fsyncs_everything_before_the_rename_and_the_tracker(tmp_path, mo
     before it replaces the tracker."""
     events = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
-                                                 real_fsync(fd))[1])  # fmt: skip
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))[1]
+    )
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))), real_replace(a, b))[1])
     _save_step(tmp_path, 3, _model(3))
     final = tmp_path / "global_step_3"

@@ -139,8 +139,9 @@ def small_tmpfs(tmp_path):
     mount_point = tmp_path / f"full-{uuid.uuid4().hex[:8]}"
     mount_point.mkdir()
     size = int(pages * 4096 * 1.5) + 16 * 4096
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-                            capture_output=True)  # fmt: skip
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
     try:

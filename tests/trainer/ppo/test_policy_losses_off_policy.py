@@ -95,9 +95,13 @@ def test_reinforce_with_is_weights():
     ppo_kl = mean(log π_rollout − log π) = mean([0, 0.5]) = 0.25."""
     rollout_lp = torch.tensor([[-1.0, -1.5]])
     loss, metrics = compute_policy_loss_reinforce(
-        rollout_lp, torch.tensor([[-1.0, -2.0]]), torch.ones(1, 2), torch.ones(1, 2),
-        config=ActorCfg(), rollout_is_weights=torch.tensor([[1.0, 0.5]]),
-    )  # fmt: skip
+        rollout_lp,
+        torch.tensor([[-1.0, -2.0]]),
+        torch.ones(1, 2),
+        torch.ones(1, 2),
+        config=ActorCfg(),
+        rollout_is_weights=torch.tensor([[1.0, 0.5]]),
+    )
     assert loss.item() == pytest.approx(2.0, abs=1e-6)
     assert metrics["actor/ppo_kl"] == pytest.approx(0.25, abs=1e-6)
 

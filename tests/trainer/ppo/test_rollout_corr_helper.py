@@ -180,10 +180,18 @@ def test_offpolicy_metrics():
     log_ppl_diff = mean log π_r - mean log π_t = ½ ln(0.08/0.03) = 0.490415; ppl_ratio = exp(0.490415) = 1.632993."""
     metrics = compute_offpolicy_metrics(_log([[0.3, 0.1]]), _log([[0.2, 0.4]]), torch.ones(1, 2))
     expected = {
-        "kl": 0.490415, "k3_kl": 0.365415, "chi2_token": 0.15625, "chi2_seq": -0.859375, "training_ppl": 5.773503,
-        "rollout_ppl": 3.535534, "log_ppl_diff": 0.490415, "log_ppl_abs_diff": 0.490415, "ppl_ratio": 1.632993,
-        "training_log_ppl": -0.5 * math.log(0.03), "rollout_log_ppl": -0.5 * math.log(0.08),
-    }  # fmt: skip
+        "kl": 0.490415,
+        "k3_kl": 0.365415,
+        "chi2_token": 0.15625,
+        "chi2_seq": -0.859375,
+        "training_ppl": 5.773503,
+        "rollout_ppl": 3.535534,
+        "log_ppl_diff": 0.490415,
+        "log_ppl_abs_diff": 0.490415,
+        "ppl_ratio": 1.632993,
+        "training_log_ppl": -0.5 * math.log(0.03),
+        "rollout_log_ppl": -0.5 * math.log(0.08),
+    }
     for key, value in expected.items():
         assert metrics[key] == pytest.approx(value, abs=1e-6), key
 
@@ -214,9 +222,9 @@ def test_decoupled_mode_updates_the_batch():
     """token IS (u = 2) + token_k1 RS (u = 2): ρ = [1.5, 0.25 | 3] -> w = [1.5, 0.25 | 2], mask keeps ρ in
     [0.5, 2]: [[1, 0], [0, 0]]."""
     batch, metrics = compute_rollout_correction_and_add_to_batch(
-        _batch(), {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1",
-                   "rollout_rs_threshold": 2.0},
-    )  # fmt: skip
+        _batch(),
+        {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1", "rollout_rs_threshold": 2.0},
+    )
     torch.testing.assert_close(batch.batch["rollout_is_weights"], torch.tensor([[1.5, 0.25], [2.0, 0.0]]))
     assert batch.batch["response_mask"].tolist() == [[1.0, 0.0], [0.0, 0.0]]
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 3)

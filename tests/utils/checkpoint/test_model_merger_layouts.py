@@ -42,9 +42,16 @@ dist.destroy_process_group()
 def _tiny_model(seed: int = 0):
     torch.manual_seed(seed)
     config = Qwen3Config(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     config.architectures = ["Qwen3ForCausalLM"]  # as in every saved checkpoint's config.json
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
@@ -58,8 +65,10 @@ def _upstream_checkpoint(tmp_path: Path, model, dtensor: bool) -> Path:
         torch.save(full, tmp_path / "full.pt")
         subprocess.run(
             [sys.executable, "-c", _WRITE_DTENSOR_SHARDS, str(tmp_path / "full.pt"), str(ckpt), str(tmp_path / "pg")],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     else:
         for rank in range(2):
             shard = {name: torch.chunk(t, 2, dim=0)[rank].clone() for name, t in full.items()}

@@ -55,9 +55,17 @@ def test_fusion_attention_tnd_equals_per_sequence_causal_sdpa(torch_npu):
     torch.manual_seed(0)
     q, k, v = torch.randn(8, 4, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16)
     out = torch_npu.npu_fusion_attention(
-        q.npu(), k.npu(), v.npu(), 4, "TND", atten_mask=_causal_mask(), scale=0.25, sparse_mode=3,
-        actual_seq_qlen=[3, 8], actual_seq_kvlen=[3, 8],
-    )[0].cpu()  # fmt: skip
+        q.npu(),
+        k.npu(),
+        v.npu(),
+        4,
+        "TND",
+        atten_mask=_causal_mask(),
+        scale=0.25,
+        sparse_mode=3,
+        actual_seq_qlen=[3, 8],
+        actual_seq_kvlen=[3, 8],
+    )[0].cpu()
     expected = []
     for s, e in ((0, 3), (3, 8)):
         qs, ks, vs = (t[s:e].transpose(0, 1) for t in (q, k, v))  # (N, S, D)
@@ -83,9 +91,13 @@ def test_grouped_matmul_groups_along_m_and_k(torch_npu):
     x = torch.arange(6.0).view(3, 2)  # rows [0,1], [2,3], [4,5]
     w = torch.stack([torch.eye(2), 2 * torch.eye(2)])
     y = torch_npu.npu_grouped_matmul(
-        [x.npu()], [w.npu()], group_list=torch.tensor([2, 1], device="npu"), split_item=3, group_type=0,
+        [x.npu()],
+        [w.npu()],
+        group_list=torch.tensor([2, 1], device="npu"),
+        split_item=3,
+        group_type=0,
         group_list_type=1,
-    )[0].cpu()  # fmt: skip
+    )[0].cpu()
     assert y.tolist() == [[0.0, 1.0], [2.0, 3.0], [8.0, 10.0]]
     # cumulative group_list ([2, 3]) is the same grouping
     y_cum = torch_npu.npu_grouped_matmul([x.npu()], [w.npu()], group_list=[2, 3], split_item=3, group_type=0)[0]

@@ -61,6 +61,11 @@ def test_launch_runs_the_module_as_main_on_a_simulated_node(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen == {
-        "name": "__main__", "argv": ["a=1", "--flag"], "device": "npu", "count": 2, "ray_npus": 2,
-        "ray_type": "Ascend910B", "hook": "verl.utils.platform.npu_sim.launch.ray_runtime_env_hook",
-    }  # fmt: skip
+        "name": "__main__",
+        "argv": ["a=1", "--flag"],
+        "device": "npu",
+        "count": 2,
+        "ray_npus": 2,
+        "ray_type": "Ascend910B",
+        "hook": "verl.utils.platform.npu_sim.launch.ray_runtime_env_hook",
+    }

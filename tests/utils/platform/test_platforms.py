@@ -142,3 +142,110 @@ def test_torch_npu_that_raises_runtime_error_means_no_npu(monkeypatch):
         device.validate_device("npu")
     assert "RuntimeError: Failed to load the backend extension" in str(info.value)
     assert "set_env.sh" in str(info.value)
+
+
+# ---- device decisions as Platform attributes / methods (no caller compares a device name) ----------------------
+
+
+@pytest.mark.parametrize(
+    "name, fla, plugin, fallback, ce_kernel, sleep_level",
+    [
+        # CPU: no fla kernels (importing fla with triton on a CPU-only host crashes), plain torch log-probs
+        ("cpu", False, None, False, None, 2),
+        # CUDA: upstream's default trainer.device, so a machine without a GPU falls back to detection
+        ("cuda", True, None, True, "flash_attn", 2),
+        # Ascend: vLLM needs the vllm-ascend plugin and sleeps at level 1 (vllm-ascend has no level 2)
+        ("npu", True, "vllm_ascend", False, "torch_npu", 1),
+    ],
+)
+def test_device_decision_attributes(monkeypatch, name, fla, plugin, fallback, ce_kernel, sleep_level):
+    """Each family's answers to the decisions callers used to make by comparing device names."""
+    monkeypatch.delenv("VERL_DISABLE_FLASH_ATTN_CE", raising=False)
+    platform = PlatformRegistry.create(name)
+    assert platform.fla_kernels is fla
+    assert platform.vllm_platform_plugin == plugin
+    assert platform.fallback_when_missing is fallback
+    assert platform.cross_entropy_kernel() == ce_kernel
+    assert platform.vllm_sleep_level == sleep_level
+
+
+def test_cuda_flash_attn_switches(monkeypatch):
+    """CUDA's defaults follow the flash-attn install; VERL_DISABLE_FLASH_ATTN_CE=1 turns its cross-entropy off."""
+    import importlib.util
+
+    import verl.utils.platform.cuda as cuda_module
+
+    platform = PlatformRegistry.create("cuda")
+    real_find_spec = importlib.util.find_spec
+    for installed, attn in ((True, "flash_attention_2"), (False, "sdpa")):
+
+        def find_spec(mod, *args, installed=installed):
+            return (
+                object()
+                if mod == "flash_attn" and installed
+                else (None if mod == "flash_attn" else real_find_spec(mod, *args))
+            )
+
+        monkeypatch.setattr(cuda_module.importlib.util, "find_spec", find_spec)
+        assert platform.default_attn_implementation() == attn
+    monkeypatch.setenv("VERL_DISABLE_FLASH_ATTN_CE", "1")
+    assert platform.cross_entropy_kernel() is None
+    monkeypatch.setenv("VERL_DISABLE_FLASH_ATTN_CE", "0")
+    assert platform.cross_entropy_kernel() == "flash_attn"
+
+
+def test_default_attention_and_ipc_on_cpu_and_npu(monkeypatch):
+    """CPU: sdpa and IPC; NPU: flash_attention_2 (torch_npu's fused attention), IPC only from driver 25.3.rc1 and
+    CANN 8.3.rc1 on (upstream's rule)."""
+    import verl.utils.platform.npu as npu_module
+
+    cpu, npu = PlatformRegistry.create("cpu"), PlatformRegistry.create("npu")
+    assert cpu.default_attn_implementation() == "sdpa" and cpu.supports_ipc()
+    assert npu.default_attn_implementation() == "flash_attention_2"
+    monkeypatch.setattr(npu_module, "get_npu_versions", lambda: ("25.3.rc1", "8.3.RC1"))
+    assert npu.supports_ipc()
+    monkeypatch.setattr(npu_module, "get_npu_versions", lambda: ("25.2.0", "8.5.0"))
+    assert not npu.supports_ipc()
+
+
+def test_platform_of_device_type_follows_the_tensor(npu_sim):
+    """Kernel choices follow the tensor's device: on the simulated Ascend an npu tensor gets the selected npu
+    platform object, a CPU tensor the CPU platform, a meta tensor none (portable path)."""
+    from verl.utils.platform import get_platform, platform_of_device_type
+
+    assert platform_of_device_type(torch.zeros(1, device="npu").device.type) is get_platform()
+    assert platform_of_device_type("cpu").device_name == "cpu"
+    assert platform_of_device_type("meta") is None
+    assert device.is_support_ipc() == get_platform().supports_ipc()
+
+
+def test_vllm_plugin_requirement_names_the_plugin(monkeypatch):
+    """require_vllm on npu without vllm_ascend raises naming the plugin; cpu/cuda need no plugin."""
+    import importlib
+    import types
+
+    from verl.utils.vllm import utils as vllm_utils
+
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm_ascend", None)  # find_spec raises ValueError for a None entry
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        vllm_utils.importlib.util,
+        "find_spec",
+        lambda mod, *a: None if mod == "vllm_ascend" else real_find_spec(mod, *a),
+    )
+    assert vllm_utils.require_vllm("cpu") is sys.modules["vllm"]
+    assert vllm_utils.require_vllm("cuda") is sys.modules["vllm"]
+    with pytest.raises(
+        ImportError, match=r"trainer.device=npu needs the vllm-ascend platform plugin \(module `vllm_ascend`\)"
+    ):
+        vllm_utils.require_vllm("npu")
+
+
+def test_resolve_device_falls_back_only_for_the_default_family(monkeypatch):
+    """trainer.device=cuda on a machine without CUDA follows detection; trainer.device=npu there stays npu (and
+    validate_device then fails with the install hint)."""
+    monkeypatch.setattr(PlatformRegistry._classes["cuda"], "is_available", lambda self: False)
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    assert device._resolve_device("cuda") == "cpu"
+    assert device._resolve_device("npu") == "npu"

@@ -33,8 +33,13 @@ def test_results_come_back_per_rank_with_the_launcher_environment():
     assert [r["rank"] for r in results] == [0, 1]
     for rank, r in enumerate(results):
         assert torch.equal(r["sum"], torch.tensor([7.0]))
-        assert r["env"] == {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
-                            "EXTRA": "x"}  # fmt: skip
+        assert r["env"] == {
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+            "EXTRA": "x",
+        }
         assert r["threads"] == 1
 
 

@@ -20,9 +20,14 @@ def test_unknown_scheduler():
 
 @pytest.mark.parametrize(
     "kwargs, key",
-    [({"lr": -1.0}, "lr"), ({"betas": [0.9]}, "betas"), ({"min_lr_ratio": 1.5}, "min_lr_ratio"),
-     ({"lr_warmup_steps_ratio": 2.0}, "lr_warmup_steps_ratio"), ({"clip_grad": 0.0}, "clip_grad")],
-)  # fmt: skip
+    [
+        ({"lr": -1.0}, "lr"),
+        ({"betas": [0.9]}, "betas"),
+        ({"min_lr_ratio": 1.5}, "min_lr_ratio"),
+        ({"lr_warmup_steps_ratio": 2.0}, "lr_warmup_steps_ratio"),
+        ({"clip_grad": 0.0}, "clip_grad"),
+    ],
+)
 def test_out_of_range_values_name_the_key(kwargs, key):
     """Each range check names its key."""
     with pytest.raises(ValueError, match=rf"^{key}:"):

@@ -55,8 +55,9 @@ REWARD_FILE = textwrap.dedent(
 def _config(path, **reward):
     reward_kwargs = reward.pop("reward_kwargs", {})
     custom = {"path": str(path), "name": "compute_score", "reward_kwargs": reward_kwargs}
-    return OmegaConf.create({"data": {"reward_fn_key": "data_source"}, "reward": {"custom_reward_function": custom,
-                                                                                    **reward}})  # fmt: skip
+    return OmegaConf.create(
+        {"data": {"reward_fn_key": "data_source"}, "reward": {"custom_reward_function": custom, **reward}}
+    )
 
 
 @pytest.fixture
@@ -84,8 +85,12 @@ def test_parallel_scores_equal_serial_scores(tokenizer, make_batch, reward_file)
     """12 samples, 3 data sources: the reward tensor and every extra column except the per-call stamps are equal
     between serial in-process scoring and 4 worker processes, sample by sample."""
     responses = [f"A: {i % 5}" for i in range(12)]
-    batch = make_batch([f"Q: {i}" for i in range(12)], responses, [str(i % 3) for i in range(12)],
-                       data_sources=["openai/gsm8k", "a", "b"] * 4)  # fmt: skip
+    batch = make_batch(
+        [f"Q: {i}" for i in range(12)],
+        responses,
+        [str(i % 3) for i in range(12)],
+        data_sources=["openai/gsm8k", "a", "b"] * 4,
+    )
     parallel_manager = load_reward_manager(_config(reward_file, num_workers=4), tokenizer)
     serial_manager = NaiveRewardManager(tokenizer, 0, compute_score=parallel_manager.compute_score)
     assert serial_manager.scorer.pool is None and parallel_manager.scorer.pool.num_workers == 4
@@ -133,8 +138,13 @@ def test_hanging_reward_with_a_2s_limit(tokenizer, make_batch, reward_file, tmp_
     """
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    config = _config(reward_file, num_workers=4, compute_score_timeout=2.0, batch_timeout=60.0,
-                     reward_kwargs={"pid_dir": str(pid_dir)})  # fmt: skip
+    config = _config(
+        reward_file,
+        num_workers=4,
+        compute_score_timeout=2.0,
+        batch_timeout=60.0,
+        reward_kwargs={"pid_dir": str(pid_dir)},
+    )
     manager = load_reward_manager(config, tokenizer)
     batch = make_batch([f"Q: {i}" for i in range(8)], HANGING, ["1"] * 8, data_sources=[f"src{i}" for i in range(8)])
     threads_before = threading.active_count()
@@ -162,8 +172,13 @@ def test_hanging_reward_with_a_2s_limit(tokenizer, make_batch, reward_file, tmp_
 def test_batch_limit_ends_a_batch_of_hanging_samples(tokenizer, make_batch, reward_file, tmp_path, caplog):
     """8 hanging samples, no per-call limit, reward.batch_timeout=3: the call returns (the hang is an hour), all 8
     score 0.0 as timed out, and one warning names reward.batch_timeout, the count and the first unfinished sample."""
-    config = _config(reward_file, num_workers=4, compute_score_timeout=None, batch_timeout=3.0,
-                     reward_kwargs={"pid_dir": str(tmp_path)})  # fmt: skip
+    config = _config(
+        reward_file,
+        num_workers=4,
+        compute_score_timeout=None,
+        batch_timeout=3.0,
+        reward_kwargs={"pid_dir": str(tmp_path)},
+    )
     manager = load_reward_manager(config, tokenizer)
     start = time.monotonic()
     with caplog.at_level(logging.WARNING):

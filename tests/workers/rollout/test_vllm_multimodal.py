@@ -51,8 +51,10 @@ def _teacher_forced(model, batch: DataProto, out: DataProto) -> torch.Tensor:
     for row in range(len(out)):
         mask = out.batch["attention_mask"][row].bool()
         ids = out.batch["input_ids"][row][mask][None]
-        mm = {k: v.to(model.dtype) if v.is_floating_point() else v for k, v in batch.non_tensor_batch[
-            "multi_modal_inputs"][row].items()}  # fmt: skip
+        mm = {
+            k: v.to(model.dtype) if v.is_floating_point() else v
+            for k, v in batch.non_tensor_batch["multi_modal_inputs"][row].items()
+        }
         types = (ids == model.config.image_token_id).long()
         with torch.no_grad():
             logits = model(input_ids=ids, mm_token_type_ids=types, use_cache=False, **mm).logits[0].float()

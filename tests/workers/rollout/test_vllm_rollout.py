@@ -59,9 +59,16 @@ def test_sampling_kwargs_training_validation_greedy():
     cfg = rollout_config(temperature=0.7, top_k=20, top_p=0.9, calculate_log_probs=True)
     train = sampling_kwargs(cfg, {"eos_token_id": [EOS, 7], "do_sample": True})
     assert train == dict(
-        n=1, max_tokens=5, temperature=0.7, top_k=20, top_p=0.9, ignore_eos=False, detokenize=False, logprobs=0,
+        n=1,
+        max_tokens=5,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.9,
+        ignore_eos=False,
+        detokenize=False,
+        logprobs=0,
         stop_token_ids=[EOS, 7],
-    )  # fmt: skip
+    )
     greedy_val = sampling_kwargs(cfg, {"eos_token_id": EOS, "do_sample": True, "validate": True})
     assert (greedy_val["temperature"], greedy_val["top_k"], greedy_val["top_p"]) == (0.0, -1, 1.0)
     val = SamplingConfig(do_sample=True, temperature=0.5, top_p=0.8, top_k=3)
@@ -80,20 +87,44 @@ def test_engine_kwargs_from_rollout_config():
     model_loader_extra_config); free_cache_engine enables sleep mode where the platform has one; a distributed
     trainer uses the external launcher; engine_kwargs.vllm wins over everything."""
     cfg = rollout_config(
-        tensor_model_parallel_size=2, gpu_memory_utilization=0.6, max_num_batched_tokens=64, enforce_eager=True,
-        load_format="dummy_dtensor", dtype="float16", enable_chunked_prefill=False, enable_prefix_caching=False,
-        cudagraph_capture_sizes=[1, 2], calculate_log_probs=True, engine_kwargs={"vllm": {"swap_space": 0, "seed": 5}},
-    )  # fmt: skip
+        tensor_model_parallel_size=2,
+        gpu_memory_utilization=0.6,
+        max_num_batched_tokens=64,
+        enforce_eager=True,
+        load_format="dummy_dtensor",
+        dtype="float16",
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        cudagraph_capture_sizes=[1, 2],
+        calculate_log_probs=True,
+        engine_kwargs={"vllm": {"swap_space": 0, "seed": 5}},
+    )
     kwargs = engine_kwargs(cfg, "/m", trust_remote_code=True, distributed=True, tokenizer_path="/tok")
     assert kwargs == dict(
-        model="/m", tokenizer="/tok", skip_tokenizer_init=True, trust_remote_code=True, tensor_parallel_size=2, dtype="float16",
-        enforce_eager=True, gpu_memory_utilization=0.6, max_num_batched_tokens=64, max_model_len=9, max_num_seqs=1024,
-        enable_chunked_prefill=False, enable_prefix_caching=False, load_format="verl_canonical",
-        model_loader_extra_config={"verl_inner_load_format": "dummy"}, disable_log_stats=True,
-        enable_sleep_mode=True, scheduling_policy="fcfs", seed=5, logprobs_mode="processed_logprobs",
-        compilation_config={"cudagraph_capture_sizes": [1, 2]}, distributed_executor_backend="external_launcher",
+        model="/m",
+        tokenizer="/tok",
+        skip_tokenizer_init=True,
+        trust_remote_code=True,
+        tensor_parallel_size=2,
+        dtype="float16",
+        enforce_eager=True,
+        gpu_memory_utilization=0.6,
+        max_num_batched_tokens=64,
+        max_model_len=9,
+        max_num_seqs=1024,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        load_format="verl_canonical",
+        model_loader_extra_config={"verl_inner_load_format": "dummy"},
+        disable_log_stats=True,
+        enable_sleep_mode=True,
+        scheduling_policy="fcfs",
+        seed=5,
+        logprobs_mode="processed_logprobs",
+        compilation_config={"cudagraph_capture_sizes": [1, 2]},
+        distributed_executor_backend="external_launcher",
         swap_space=0,
-    )  # fmt: skip
+    )
     single = engine_kwargs(rollout_config(), "/m", trust_remote_code=False, distributed=False)
     assert "distributed_executor_backend" not in single and "logprobs_mode" not in single
     assert single["tokenizer"] == "/m"  # no tokenizer_path: the model directory
@@ -152,9 +183,15 @@ def test_assemble_rollout_batch_by_hand():
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
     positions = torch.tensor([[0, 0, 1], [0, 1, 2]])
     out = assemble_rollout_batch(
-        input_ids, mask, positions, [[21, EOS], [31, 32, 33, 34, 35]], response_length=4, pad_token_id=PAD,
-        eos_token_id=[EOS], log_probs=[[-0.5, -0.25], [-1.0, -2.0, -3.0, -4.0, -5.0]],
-    )  # fmt: skip
+        input_ids,
+        mask,
+        positions,
+        [[21, EOS], [31, 32, 33, 34, 35]],
+        response_length=4,
+        pad_token_id=PAD,
+        eos_token_id=[EOS],
+        log_probs=[[-0.5, -0.25], [-1.0, -2.0, -3.0, -4.0, -5.0]],
+    )
     assert torch.equal(out["prompts"], input_ids)
     assert torch.equal(out["responses"], torch.tensor([[21, EOS, PAD, PAD], [31, 32, 33, 34]]))
     assert torch.equal(out["input_ids"], torch.tensor([[PAD, 11, 12, 21, EOS, PAD, PAD], [10, 11, 12, 31, 32, 33, 34]]))
@@ -168,9 +205,14 @@ def test_tokens_after_an_eos_are_masked_and_padded():
     """With ignore_eos an engine may continue past EOS ([5, EOS, 6]); like the HF rollout, everything after the
     first EOS is pad and masked: responses [5, EOS, 0], mask [1, 1, 0]."""
     out = assemble_rollout_batch(
-        torch.tensor([[1]]), torch.tensor([[1]]), torch.tensor([[0]]), [[5, EOS, 6]], response_length=3,
-        pad_token_id=PAD, eos_token_id=[EOS],
-    )  # fmt: skip
+        torch.tensor([[1]]),
+        torch.tensor([[1]]),
+        torch.tensor([[0]]),
+        [[5, EOS, 6]],
+        response_length=3,
+        pad_token_id=PAD,
+        eos_token_id=[EOS],
+    )
     assert out["responses"].tolist() == [[5, EOS, PAD]] and out["attention_mask"].tolist() == [[1, 1, 1, 0]]
     assert "rollout_log_probs" not in out
 
@@ -184,8 +226,10 @@ def test_mrope_positions_extend_every_row():
 def _request_output(token_ids, log_probs=None):
     steps = None
     if log_probs is not None:  # vLLM: one {token_id: Logprob} dict per generated token (+ top candidates)
-        steps = [{t: types.SimpleNamespace(logprob=lp), t + 1: types.SimpleNamespace(logprob=-9.0)}
-                 for t, lp in zip(token_ids, log_probs)]  # fmt: skip
+        steps = [
+            {t: types.SimpleNamespace(logprob=lp), t + 1: types.SimpleNamespace(logprob=-9.0)}
+            for t, lp in zip(token_ids, log_probs)
+        ]
     completion = types.SimpleNamespace(token_ids=token_ids, logprobs=steps)
     return types.SimpleNamespace(outputs=[completion])
 
@@ -198,8 +242,15 @@ def test_unpack_request_outputs_picks_the_sampled_tokens_log_prob():
     with pytest.raises(RuntimeError, match="no log-probs"):
         unpack_request_outputs([_request_output([4])], want_log_probs=True)
     with pytest.raises(RuntimeError, match="2 responses for 1 prompts"):
-        assemble_rollout_batch(torch.ones(1, 1, dtype=torch.long), torch.ones(1, 1), torch.zeros(1, 1), [[1], [2]],
-                               response_length=2, pad_token_id=PAD, eos_token_id=EOS)  # fmt: skip
+        assemble_rollout_batch(
+            torch.ones(1, 1, dtype=torch.long),
+            torch.ones(1, 1),
+            torch.zeros(1, 1),
+            [[1], [2]],
+            response_length=2,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------

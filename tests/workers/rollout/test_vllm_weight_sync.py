@@ -167,10 +167,13 @@ def test_split_fused_experts_by_hand():
     out = split_fused_experts(group)
     assert list(out) == [
         "l.0.norm",
-        "l.0.mlp.experts.0.gate_proj.weight", "l.0.mlp.experts.0.up_proj.weight",
-        "l.0.mlp.experts.1.gate_proj.weight", "l.0.mlp.experts.1.up_proj.weight",
-        "l.0.mlp.experts.0.down_proj.weight", "l.0.mlp.experts.1.down_proj.weight",
-    ]  # fmt: skip
+        "l.0.mlp.experts.0.gate_proj.weight",
+        "l.0.mlp.experts.0.up_proj.weight",
+        "l.0.mlp.experts.1.gate_proj.weight",
+        "l.0.mlp.experts.1.up_proj.weight",
+        "l.0.mlp.experts.0.down_proj.weight",
+        "l.0.mlp.experts.1.down_proj.weight",
+    ]
     assert out["l.0.mlp.experts.1.gate_proj.weight"].tolist() == [[5.0, 6.0]]
     assert out["l.0.mlp.experts.1.up_proj.weight"].tolist() == [[7.0, 8.0]]
     assert out["l.0.mlp.experts.0.down_proj.weight"].tolist() == [[9.0], [10.0]]
@@ -206,12 +209,16 @@ def test_language_model_prefix_follows_the_engine():
     names = ["model.language_model.norm.weight", "model.norm.weight", "model.visual.pos_embed.weight", "lm_head.weight"]
     weights = [(n, torch.zeros(1)) for n in names]
     assert [n for n, _ in align_names_to_engine(weights, text_engine)] == [
-        "model.norm.weight", "model.norm.weight", "lm_head.weight"
-    ]  # fmt: skip
-    assert [n for n, _ in align_names_to_engine(weights, vl_engine)] == [
-        "model.language_model.norm.weight", "model.language_model.norm.weight", "model.visual.pos_embed.weight",
+        "model.norm.weight",
+        "model.norm.weight",
         "lm_head.weight",
-    ]  # fmt: skip
+    ]
+    assert [n for n, _ in align_names_to_engine(weights, vl_engine)] == [
+        "model.language_model.norm.weight",
+        "model.language_model.norm.weight",
+        "model.visual.pos_embed.weight",
+        "lm_head.weight",
+    ]
 
 
 def test_multimodal_checkpoint_names_into_a_text_engine():
@@ -220,8 +227,10 @@ def test_multimodal_checkpoint_names_into_a_text_engine():
     model = tiny()
     engine = fake_vllm().build_fake_vllm_model(model.config, "ascend")
     vl_prefix = "model.language_model."
-    renamed = [(vl_prefix + n[len("model.") :] if n.startswith("model.") and not n.startswith(vl_prefix) else n, t)
-               for n, t in iter_vllm_weights(model)]  # fmt: skip
+    renamed = [
+        (vl_prefix + n[len("model.") :] if n.startswith("model.") and not n.startswith(vl_prefix) else n, t)
+        for n, t in iter_vllm_weights(model)
+    ]
     assert all(n.startswith((vl_prefix, "lm_head.")) for n, _ in renamed)
     load_weights_into_vllm(engine, renamed)
     assert_engine_holds(engine, model.state_dict())

@@ -299,9 +299,9 @@ def gdn_backend_note(device_type: str, backend: str = "auto") -> str:
     Same rule as :func:`verl.ops.backends.select_backend`: fla (Triton on CUDA, triton-ascend on NPU) where its
     kernels import, else the pure-torch chunked kernels (exact, slower); the CPU always uses torch.
     """
-    from verl.ops.backends import fla_available
+    from verl.ops.backends import fla_available, has_fla_kernels
 
-    if backend == "torch" or device_type not in ("cuda", "npu"):
+    if backend == "torch" or not has_fla_kernels(device_type):
         return "GDN kernels: torch"
     if backend == "fla" or fla_available():
         return "GDN kernels: fla"

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
+from verl.workers.config.common import KL_ESTIMATORS as KL_ESTIMATORS  # re-export (the actor checks them too)
+from verl.workers.config.common import check_kl_estimator as check_kl_estimator
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -15,22 +17,6 @@ __all__ = [
     "RolloutCorrectionConfig",
     "check_kl_estimator",
 ]
-
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-"""KL estimators of core_algos.kl_penalty; a trailing '+' (e.g. 'k3+') uses the k2 gradient (straight-through)."""
-
-
-def check_kl_estimator(name: str, value: str) -> None:
-    """Raise ConfigError unless `value` is a KL estimator name, optionally with the straight-through '+'."""
-    base = value[:-1] if value.endswith("+") else value
-    if base == "full":
-        raise ConfigError(name, "'full' (exact KL over the vocabulary) is not implemented; use low_var_kl (k3) or kl.")
-    if base not in KL_ESTIMATORS:
-        raise ConfigError(
-            name,
-            f"{value!r} is not a KL estimator; choose one of {', '.join(KL_ESTIMATORS)} "
-            f"(append '+' for the straight-through k2 gradient).",
-        )
 
 
 @dataclass
@@ -144,9 +130,11 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def decoupled_seq_is_rs(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.5_2.0") -> RolloutCorrectionConfig:
         return cls(
-            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_sum_k1",
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_sum_k1",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decoupled_geo_rs(cls, rs_threshold: Any = "0.999_1.001") -> RolloutCorrectionConfig:
@@ -155,16 +143,20 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def decoupled_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
         return cls(
-            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decoupled_geo_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
         return cls(
-            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
@@ -173,16 +165,20 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01):
         return cls(
-            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k3",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def decoupled_k3_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01):
         return cls(
-            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k3",
             rollout_rs_threshold=rs_threshold,
-        )  # fmt: skip
+        )
 
     @classmethod
     def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
@@ -203,9 +199,11 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def bypass_pg_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
         return cls(
-            rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}", bypass_mode=True,
+            rollout_is="token",
+            rollout_is_threshold=f"{threshold_lower}_{threshold}",
+            bypass_mode=True,
             loss_type="reinforce",
-        )  # fmt: skip
+        )
 
     @classmethod
     def bypass_pg_geo_rs(cls, rs_threshold: Any = "0.999_1.001") -> RolloutCorrectionConfig:
@@ -214,16 +212,24 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def bypass_pg_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
         return cls(
-            rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce",
-        )  # fmt: skip
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
 
     @classmethod
     def bypass_pg_geo_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: Any = "0.999_1.001"):
         return cls(
-            rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce",
-        )  # fmt: skip
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
 
     @classmethod
     def disabled(cls) -> RolloutCorrectionConfig:

@@ -7,9 +7,25 @@ from typing import Any, Optional, Union
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
 
-__all__ = ["TRUNCATION_MODES", "CustomClsConfig", "DataConfig", "DatagenConfig", "SamplerConfig"]
+__all__ = [
+    "DEFAULT_SHUFFLE_SEED",
+    "TRUNCATION_MODES",
+    "CustomClsConfig",
+    "DataConfig",
+    "DatagenConfig",
+    "SamplerConfig",
+    "shuffle_seed",
+]
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+DEFAULT_SHUFFLE_SEED = 1
+"""Seed of the training-set shuffle when ``data.seed`` is null (upstream's sampler uses 1 too)."""
+
+
+def shuffle_seed(seed: int | None) -> int:
+    """The seed the training sampler shuffles with: ``data.seed``, or :data:`DEFAULT_SHUFFLE_SEED` when null."""
+    return DEFAULT_SHUFFLE_SEED if seed is None else int(seed)
 
 
 @dataclass
@@ -87,7 +103,8 @@ class DataConfig(BaseConfig):
     """PROMPTS per training step (each generates rollout.n responses)."""
 
     val_batch_size: Optional[int] = None
-    """Deprecated: validation uses the whole validation set as one batch."""
+    """Prompts per validation batch; null = the whole validation set as one batch. Deprecated upstream (a warning at
+    start-up) but still honoured, as upstream's trainer does."""
 
     tool_config_path: Optional[str] = None
     """Tool config for multi-turn datasets; follows actor_rollout_ref.rollout.multi_turn.tool_config_path."""
@@ -105,7 +122,7 @@ class DataConfig(BaseConfig):
     """Shuffle the training set (seeded, checkpointable sampler)."""
 
     seed: Optional[int] = None
-    """Seed of the shuffle; null = a fixed default seed, so a resumed run sees the same order."""
+    """Seed of the shuffle; null = DEFAULT_SHUFFLE_SEED (1), a fixed seed, so a resumed run sees the same order."""
 
     dataloader_num_workers: int = 8
     """DataLoader worker processes."""

@@ -106,9 +106,12 @@ def compute_throughout_metrics(batch: DataProto, timing_raw: dict[str, float], n
 
 
 def bootstrap_metric(
-    data: Sequence[Any], subset_size: int, reduce_fns: Sequence[Callable[[list], float]], n_bootstrap: int = 1000,
+    data: Sequence[Any],
+    subset_size: int,
+    reduce_fns: Sequence[Callable[[list], float]],
+    n_bootstrap: int = 1000,
     seed: int = 42,
-) -> list[tuple[float, float]]:  # fmt: skip
+) -> list[tuple[float, float]]:
     """(mean, std) over ``n_bootstrap`` resamples (with replacement, ``subset_size`` items each) of every reducer.
 
     ``best@n`` is ``np.max`` of n responses drawn from the N a prompt got: an estimate of what picking the best of n

@@ -21,14 +21,12 @@ methods, via the typed facades of :mod:`verl.trainer.ppo.worker_groups`.
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 import uuid
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
@@ -40,6 +38,11 @@ from verl.single_controller.ray import (  # noqa: F401 - ResourcePoolManager: up
     create_colocated_worker_cls,
 )
 from verl.trainer.ppo import core_algos, trainer_checkpoint
+from verl.trainer.ppo.advantage_step import (  # upstream imports these three from here
+    apply_kl_penalty,
+    compute_advantage,
+    compute_response_mask,
+)
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -61,79 +64,13 @@ _GEN_TENSOR_KEYS = ["input_ids", "attention_mask", "position_ids"]
 # multi_modal_inputs: the HF rollout generates from the processor's pixel values (a server rollout from
 # multi_modal_data); the key stays in the batch too, for the actor's forward.
 _GEN_NON_TENSOR_KEYS = [
-    "raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "raw_prompt", "tools_kwargs", "interaction_kwargs",
-]  # fmt: skip
-
-
-def compute_response_mask(data: DataProto) -> torch.Tensor:
-    """(bs, response_len) mask of valid response tokens: the response part of ``attention_mask``."""
-    response_length = data.batch["responses"].shape[-1]
-    return data.batch["attention_mask"][:, -response_length:]
-
-
-def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
-    """``token_level_rewards = token_level_scores - β·KL(old ‖ ref)`` per token, then update β (adaptive control).
-
-    Returns the data (modified in place) and the metrics ``actor/reward_kl_penalty`` (mean KL per sequence) and
-    ``actor/reward_kl_penalty_coeff`` (β used).
-    """
-    response_mask = data.batch["response_mask"]
-    kld = core_algos.kl_penalty(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty=kl_penalty)
-    kld = kld * response_mask
-    beta = kl_ctrl.value
-    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - beta * kld
-    # Mean over tokens of each sequence, then over the batch: the quantity the adaptive controller targets.
-    current_kl = (kld.sum(-1) / response_mask.sum(-1).clamp(min=1)).mean().item()
-    kl_ctrl.update(current_kl=current_kl, n_steps=data.batch.batch_size[0])
-    return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
-
-
-def compute_advantage(
-    data: DataProto,
-    adv_estimator,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    num_repeat: int = 1,
-    norm_adv_by_std_in_grpo: bool = True,
-    config=None,
-) -> DataProto:
-    """Run the registered estimator named ``adv_estimator``; writes ``advantages`` and ``returns`` into the batch.
-
-    Every estimator is looked up in the registry; it receives the arguments its signature names among
-    ``token_level_rewards, response_mask, values, index (=uid), reward_baselines, gamma, lam,
-    norm_adv_by_std_in_grpo, config`` — so user-registered estimators work without changes here.
-    """
-    if "response_mask" not in data.batch.keys():
-        data.batch["response_mask"] = compute_response_mask(data)
-    estimator = core_algos.get_adv_estimator_fn(adv_estimator)
-    available = {
-        "token_level_rewards": data.batch["token_level_rewards"],
-        "response_mask": data.batch["response_mask"],
-        "index": data.non_tensor_batch.get("uid"),
-        "gamma": gamma,
-        "lam": lam,
-        "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
-        "config": config,
-    }
-    for key in ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights"):
-        if key in data.batch.keys():
-            available[key] = data.batch[key]
-    parameters = inspect.signature(estimator).parameters
-    missing = [
-        name
-        for name, p in parameters.items()
-        if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD and name not in available
-    ]
-    if missing:
-        raise ValueError(
-            f"algorithm.adv_estimator={adv_estimator!r} needs {missing}, which this batch does not have "
-            "(e.g. 'values' needs a critic: set critic.enable=True)"
-        )
-    kwargs = {name: available[name] for name in parameters if name in available}
-    advantages, returns = estimator(**kwargs)
-    data.batch["advantages"] = advantages
-    data.batch["returns"] = returns
-    return data
+    "raw_prompt_ids",
+    "multi_modal_data",
+    "multi_modal_inputs",
+    "raw_prompt",
+    "tools_kwargs",
+    "interaction_kwargs",
+]
 
 
 class RayPPOTrainer:

@@ -64,6 +64,20 @@ def _select(config: Any, dotted_key: str) -> Any:
     return node
 
 
+def _select_or_default(config: Any, dotted_key: str, cls: type, name: str) -> Any:
+    """``_select(config, dotted_key)``, or the declared default of field ``name`` of dataclass ``cls`` when the
+    config holds no value there (a partial or legacy config): each default is written once, on its dataclass."""
+    value = _select(config, dotted_key)
+    return field_default(cls, name) if value is None else value
+
+
+def _reward_config_classes() -> Any:
+    # imported on use: building a reward function must not import every worker config at module import
+    from verl.workers.config import reward
+
+    return reward
+
+
 def _plain_dict(value: Any) -> dict:
     """A DictConfig / Mapping as a plain dict (None -> {})."""
     if value is None:
@@ -130,7 +144,7 @@ def get_custom_reward_fn(config: Any, batch: bool = False) -> Callable | None:
     if path is None:
         return None
     section = path_key.rsplit(".", 1)[0]
-    name = _select(config, f"{section}.name") or "compute_score"
+    name = _select_or_default(config, f"{section}.name", _reward_config_classes().CustomRewardFunctionConfig, "name")
     reward_kwargs = _plain_dict(_select(config, f"{section}.reward_kwargs"))
     fn = _load_custom_fn(str(path), str(name), path_key)
     _check_signature(fn, BATCH_SIGNATURE if batch else SAMPLE_SIGNATURE, reward_kwargs, f"{name!r} in {path!r}")
@@ -143,9 +157,11 @@ def _default_scorer(config: Any) -> Callable:
     url, _ = _pick(config, "reward.sandbox_fusion.url", "sandbox_fusion.url")
     if url is None:
         return default_compute_score
+    default = field_default(_reward_config_classes().SandboxFusionConfig, "memory_limit_mb")
     memory_limit_mb, _ = _pick(
-        config, "reward.sandbox_fusion.memory_limit_mb", "sandbox_fusion.memory_limit_mb", new_default=1024
+        config, "reward.sandbox_fusion.memory_limit_mb", "sandbox_fusion.memory_limit_mb", new_default=default
     )
+    memory_limit_mb = default if memory_limit_mb is None else memory_limit_mb
     return functools.partial(default_compute_score, sandbox_fusion_url=url, memory_limit_mb=memory_limit_mb)
 
 
@@ -153,17 +169,21 @@ def _manager_class(config: Any) -> tuple[type, str]:
     """(reward-manager class, description) from ``reward.reward_manager`` (or legacy ``reward_model.reward_manager``)."""
     from verl.workers.reward_manager import get_reward_manager_cls
 
-    source = _select(config, "reward.reward_manager.source") or "register"
+    classes = _reward_config_classes()
+    source = _select_or_default(config, "reward.reward_manager.source", classes.RewardManagerConfig, "source")
     if source == "importlib":
         path = _select(config, "reward.reward_manager.module.path")
-        name = _select(config, "reward.reward_manager.module.name") or "custom_reward_manager"
+        name = _select_or_default(
+            config, "reward.reward_manager.module.name", classes.RewardManagerModuleConfig, "name"
+        )
         if path is None:
             raise ValueError("reward.reward_manager.source=importlib needs reward.reward_manager.module.path.")
         return load_extern_object(str(path), str(name)), f"{name} from {path}"
     if source != "register":
         raise ValueError(f"reward.reward_manager.source must be 'register' or 'importlib', got {source!r}.")
-    name, _ = _pick(config, "reward.reward_manager.name", "reward_model.reward_manager", new_default="naive")
-    name = name or "naive"
+    default = field_default(classes.RewardManagerConfig, "name")
+    name, _ = _pick(config, "reward.reward_manager.name", "reward_model.reward_manager", new_default=default)
+    name = default if name is None else name
     return get_reward_manager_cls(str(name)), str(name)
 
 
@@ -174,12 +194,10 @@ def _accepts(cls: type, parameter: str) -> bool:
 
 def _scoring_setting(config: Any, key: str) -> Any:
     """``reward.<key>``, or its RewardConfig default when the config has no such key (a partial config)."""
-    from verl.workers.config.reward import RewardConfig
-
     reward = _select(config, "reward")
     if reward is not None and key in reward.keys():
         return reward[key]
-    return field_default(RewardConfig, key)
+    return field_default(_reward_config_classes().RewardConfig, key)
 
 
 def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **reward_kwargs: Any) -> Any:
@@ -193,7 +211,9 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int = 0, **rew
     manager_cls, description = _manager_class(config)
     is_batch = description == "batch"
     compute_score = get_custom_reward_fn(config, batch=is_batch) or (None if is_batch else _default_scorer(config))
-    reward_fn_key = _select(config, "data.reward_fn_key") or "data_source"
+    from verl.trainer.config.data import DataConfig
+
+    reward_fn_key = _select_or_default(config, "data.reward_fn_key", DataConfig, "reward_fn_key")
     kwargs = dict(reward_kwargs)
     for key in SCORING_KEYS:
         if key not in kwargs and _accepts(manager_cls, key):

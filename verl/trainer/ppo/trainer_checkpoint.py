@@ -174,8 +174,9 @@ def check_step_dir(path: Path) -> str | None:
     for part in (DRIVER_STATE_FILE, "actor"):
         if not _has_data(path / part):
             return f"{NO_MANIFEST} and its {part} is missing or empty"
-    logger.warning("%s %s (older format): accepted after checking only that data.pt and actor/ hold data", path,
-                   NO_MANIFEST)  # fmt: skip
+    logger.warning(
+        "%s %s (older format): accepted after checking only that data.pt and actor/ hold data", path, NO_MANIFEST
+    )
     return None
 
 
@@ -200,8 +201,10 @@ def _auto_resume_point(root: Path) -> ResumePoint | None:
             logger.warning(
                 "%s has step directories %s but no %s: starting from scratch. To resume one, set "
                 "trainer.resume_mode=resume_path and trainer.resume_from_path=<.../global_step_N>.",
-                root, [step_dir(root, s).name for s in list_steps(root)], TRACKER_FILE,
-            )  # fmt: skip
+                root,
+                [step_dir(root, s).name for s in list_steps(root)],
+                TRACKER_FILE,
+            )
         return None
     latest, problem = read_tracker(tracker)
     skipped = [f"{tracker} {problem}"] if problem else []

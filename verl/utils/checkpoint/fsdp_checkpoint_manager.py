@@ -246,9 +246,11 @@ class FSDPCheckpointManager(BaseCheckpointManager):
             self.load_rng_state(extra["rng"])
         else:
             logger.warning(
-                "%s was saved by %d ranks: rank %d has no saved RNG state and keeps its own", local_path, saved_world,
+                "%s was saved by %d ranks: rank %d has no saved RNG state and keeps its own",
+                local_path,
+                saved_world,
                 self.rank,
-            )  # fmt: skip
+            )
 
 
 def _dcp_save(state: dict, checkpoint_dir: str) -> None:

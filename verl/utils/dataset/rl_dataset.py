@@ -252,9 +252,12 @@ class RLHFDataset(Dataset):
         types = types.reshape(1, -1)
         mm = encoded.multi_modal_inputs
         sample = get_packed_mrope_position_ids(
-            types, torch.ones_like(types), mm.get("image_grid_thw"), mm.get("video_grid_thw"),
+            types,
+            torch.ones_like(types),
+            mm.get("image_grid_thw"),
+            mm.get("video_grid_thw"),
             spatial_merge_size=getattr(self.processor.image_processor, "merge_size", 2),
-        )[:, 0]  # fmt: skip
+        )[:, 0]
         return torch.cat([sample.new_zeros(4, attention_mask.numel() - length), sample], dim=1)
 
     def _assemble(self, record: dict, encoded: EncodedPrompt, ids: list[int], input_ids, attention_mask) -> dict:

@@ -37,6 +37,14 @@ class Platform:
             only O(T) state for backward (the CPU flash kernel), ``"chunked"`` (blocked online softmax in plain
             torch ops) elsewhere; None where the model's configured attention (flash-attention, a fused NPU
             kernel) already runs packed input without a ``T x T`` mask, so the lean attention is not installed.
+        fla_kernels: whether flash-linear-attention's fused kernels exist for this family (Triton on CUDA,
+            triton-ascend on NPU); where False, ``verl.ops`` never imports fla (on a CPU-only machine with triton
+            installed, importing it crashes) and runs the pure-torch reference kernels.
+        vllm_platform_plugin: the module of the vLLM platform plugin this family needs next to ``vllm``
+            (``"vllm_ascend"`` on NPU), None where vLLM supports the family itself.
+        fallback_when_missing: True for the family that upstream's default ``trainer.device`` value names
+            (``cuda``): that value means "the default accelerator", so on a machine without one the detected
+            platform is used with a warning; other families are explicit choices and fail when missing.
     """
 
     device_name: str = ""
@@ -48,6 +56,9 @@ class Platform:
     vllm_sleep_level: int = 2
     profiler_activity: str | None = None
     long_segment_attention: str | None = None
+    fla_kernels: bool = False
+    vllm_platform_plugin: str | None = None
+    fallback_when_missing: bool = False
 
     # ---- availability -------------------------------------------------------------------------------------
 
@@ -104,6 +115,23 @@ class Platform:
     def get_device_capability(self, device_id: int = 0) -> tuple[int, int] | None:
         """(major, minor) compute capability where the family has one, else None."""
         return None
+
+    # ---- kernel choices -----------------------------------------------------------------------------------
+
+    def default_attn_implementation(self) -> str:
+        """The HF ``attn_implementation`` a model gets unless ``model.override_config.attn_implementation`` says
+        otherwise: torch's ``sdpa``, which runs everywhere; accelerator families override it."""
+        return "sdpa"
+
+    def cross_entropy_kernel(self) -> str | None:
+        """The fused log-prob kernel ``verl.utils.torch_functional.logprobs_from_logits`` tries on this family
+        (``"flash_attn" | "torch_npu"``), or None for the plain torch formula; the caller falls back to torch when
+        the kernel's package does not import."""
+        return None
+
+    def supports_ipc(self) -> bool:
+        """Whether the rollout can share weights with the trainer through device IPC handles on this machine."""
+        return True
 
     # ---- memory -------------------------------------------------------------------------------------------
 

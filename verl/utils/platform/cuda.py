@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 from typing import Any
 
 import torch
@@ -20,6 +22,8 @@ class CudaPlatform(Platform):
     ray_resource_name = "GPU"
     profiler_activity = "CUDA"
     ray_noset_envvars = ("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",)
+    fla_kernels = True
+    fallback_when_missing = True  # upstream's default trainer.device
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()
@@ -40,6 +44,14 @@ class CudaPlatform(Platform):
         if not self.is_available():
             return None
         return tuple(torch.cuda.get_device_capability(device_id))
+
+    def default_attn_implementation(self) -> str:
+        # flash-attn's varlen kernel runs packed rows without a mask; sdpa when the package is not installed
+        return "flash_attention_2" if importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+    def cross_entropy_kernel(self) -> str | None:
+        # flash-attn's Triton cross-entropy, unless switched off with upstream's VERL_DISABLE_FLASH_ATTN_CE=1
+        return None if os.environ.get("VERL_DISABLE_FLASH_ATTN_CE", "0") == "1" else "flash_attn"
 
     def set_expandable_segments(self, enable: bool) -> None:
         if not self.is_available():

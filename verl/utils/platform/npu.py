@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from verl.utils.platform.base import Platform
-from verl.utils.platform.cann import SET_ENV_HINT, get_cann_version
+from verl.utils.platform.cann import SET_ENV_HINT, check_ipc_version_support, get_cann_version, get_npu_versions
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class NpuPlatform(Platform):
     # without torch_npu's fused attention (npu-fusion-attention patch skipped), the portable blocked kernel
     long_segment_attention = "chunked"
     ray_noset_envvars = ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",)
+    fla_kernels = True  # fla ships triton-ascend kernels
+    vllm_platform_plugin = "vllm_ascend"
 
     def is_torch_npu_importable(self) -> bool:
         return import_torch_npu()[0] is not None
@@ -112,6 +114,17 @@ class NpuPlatform(Platform):
         if module is None or not hasattr(torch, "npu"):
             raise RuntimeError(self.missing_reason() or "torch.npu is unavailable") from error
         return torch.npu
+
+    def default_attn_implementation(self) -> str:
+        # transformers routes flash_attention_2 to torch_npu's fused attention on Ascend
+        return "flash_attention_2"
+
+    def cross_entropy_kernel(self) -> str | None:
+        return "torch_npu"
+
+    def supports_ipc(self) -> bool:
+        # IPC weight sharing needs Ascend driver >= 25.3.rc1 and CANN >= 8.3.rc1
+        return check_ipc_version_support(*get_npu_versions())
 
     def set_expandable_segments(self, enable: bool) -> None:
         memory = getattr(self.torch_module(), "memory", None)

@@ -87,6 +87,19 @@ def get_platform() -> Platform:
     return _selected
 
 
+def platform_of_device_type(device_type: str) -> Platform | None:
+    """The platform that owns tensors whose ``device.type`` is ``device_type`` (the selected platform object when
+    it matches), or None for a type no platform owns (``meta``, ``mps``): the caller then takes its portable path.
+
+    Kernel choices are made per tensor, not per process: a CPU tensor in an NPU run takes the CPU's kernels.
+    """
+    selected = get_platform()
+    if selected.device_name == device_type:
+        return selected
+    cls = PlatformRegistry._classes.get(str(device_type))
+    return None if cls is None else cls()
+
+
 def validate_platform(name: str) -> Platform:
     """A usable platform object for ``name``, or one RuntimeError naming what is missing and the fix."""
     platform = PlatformRegistry.create(name)

@@ -187,12 +187,23 @@ def run_on_ranks(
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(rank, world_size, port, fn, tuple(args), dict(kwargs or {}), dict(env or {}), backend, timeout_s,
-                  threads, out_dir),
+            args=(
+                rank,
+                world_size,
+                port,
+                fn,
+                tuple(args),
+                dict(kwargs or {}),
+                dict(env or {}),
+                backend,
+                timeout_s,
+                threads,
+                out_dir,
+            ),
             daemon=False,
         )
         for rank in range(world_size)
-    ]  # fmt: skip
+    ]
     try:
         for p in procs:
             p.start()

@@ -77,12 +77,26 @@ def _fake_collator(recorder: VeOmniCalls):
             cu = torch.cat([starts, starts.new_tensor([text.numel()])]).to(torch.int32)
             chunk = ids.shape[-1] // self.sp_size
             mine = slice(self.sp_rank * chunk, (self.sp_rank + 1) * chunk)
-            out = dict(input_ids=ids[..., mine], position_ids=pos[..., mine], cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-                       max_length_q=int(torch.diff(cu).max()), max_length_k=int(torch.diff(cu).max()),
-                       linear_attn_cu_seq_lens_q=cu)  # fmt: skip
-            recorder.sp_events.append(("collate", {"tokens": total, "input_ids": tuple(out["input_ids"].shape),
-                                                   "position_ids": tuple(out["position_ids"].shape),
-                                                   "cu_seq_lens_q": cu.tolist()}))  # fmt: skip
+            out = dict(
+                input_ids=ids[..., mine],
+                position_ids=pos[..., mine],
+                cu_seq_lens_q=cu,
+                cu_seq_lens_k=cu,
+                max_length_q=int(torch.diff(cu).max()),
+                max_length_k=int(torch.diff(cu).max()),
+                linear_attn_cu_seq_lens_q=cu,
+            )
+            recorder.sp_events.append(
+                (
+                    "collate",
+                    {
+                        "tokens": total,
+                        "input_ids": tuple(out["input_ids"].shape),
+                        "position_ids": tuple(out["position_ids"].shape),
+                        "cu_seq_lens_q": cu.tolist(),
+                    },
+                )
+            )
             return out
 
     return SequenceParallelCollator
@@ -102,8 +116,16 @@ def _fake_gather_outputs(recorder: VeOmniCalls):
 
 
 def _modules(recorder: VeOmniCalls) -> dict[str, Any]:
-    def init_parallel_state(dp_size=1, dp_replicate_size=1, dp_shard_size=1, ulysses_size=1, dp_mode="fsdp2",
-                            device_type=None, extra_parallel_sizes=(), extra_parallel_names=()):  # fmt: skip
+    def init_parallel_state(
+        dp_size=1,
+        dp_replicate_size=1,
+        dp_shard_size=1,
+        ulysses_size=1,
+        dp_mode="fsdp2",
+        device_type=None,
+        extra_parallel_sizes=(),
+        extra_parallel_names=(),
+    ):
         recorder.calls["init_parallel_state"] = dict(locals())
         recorder.state = _FakeParallelState(dp_size, ulysses_size, device_type)
         return recorder.state
@@ -116,15 +138,28 @@ def _modules(recorder: VeOmniCalls) -> dict[str, Any]:
         def __init__(self, enable=True):
             self.enable = enable
 
-    def build_foundation_model(config_path, weights_path, torch_dtype="bfloat16", init_device="meta",
-                               ops_implementation=None, force_use_huggingface=False):  # fmt: skip
+    def build_foundation_model(
+        config_path,
+        weights_path,
+        torch_dtype="bfloat16",
+        init_device="meta",
+        ops_implementation=None,
+        force_use_huggingface=False,
+    ):
         from transformers import AutoModelForCausalLM
 
         recorder.calls["build_foundation_model"] = dict(locals())
         return AutoModelForCausalLM.from_pretrained(weights_path, dtype=torch.float32)
 
-    def build_parallelize_model(model, weights_path=None, enable_reshard_after_forward=True, mixed_precision=None,
-                                enable_gradient_checkpointing=True, basic_modules=None, **kwargs):  # fmt: skip
+    def build_parallelize_model(
+        model,
+        weights_path=None,
+        enable_reshard_after_forward=True,
+        mixed_precision=None,
+        enable_gradient_checkpointing=True,
+        basic_modules=None,
+        **kwargs,
+    ):
         import torch.distributed as dist
 
         from verl.utils.fsdp_utils import create_device_mesh, get_fsdp_adapter

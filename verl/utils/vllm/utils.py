@@ -13,6 +13,8 @@ from typing import Any
 
 import torch.nn as nn
 
+from verl.utils.platform.registry import PlatformRegistry
+
 __all__ = ["VLLM_INSTALL_HINT", "get_vllm_model", "is_vllm_available", "require_vllm"]
 
 VLLM_INSTALL_HINT = (
@@ -36,7 +38,8 @@ def is_vllm_available() -> bool:
 
 
 def require_vllm(device_name: str = "cuda") -> ModuleType:
-    """Import and return ``vllm``; on ``device_name == "npu"`` also require the vllm-ascend platform plugin.
+    """Import and return ``vllm``, and the device's vLLM platform plugin (``Platform.vllm_platform_plugin``, e.g.
+    vllm-ascend on NPU) where it needs one.
 
     Raises ImportError naming the install command / image when either is missing.
     """
@@ -44,10 +47,11 @@ def require_vllm(device_name: str = "cuda") -> ModuleType:
         vllm = importlib.import_module("vllm")
     except ImportError as exc:
         raise ImportError(f"actor_rollout_ref.rollout.name=vllm needs the `vllm` package: {VLLM_INSTALL_HINT}") from exc
-    if device_name == "npu" and importlib.util.find_spec("vllm_ascend") is None:
+    plugin = PlatformRegistry.platform_class(device_name).vllm_platform_plugin
+    if plugin is not None and importlib.util.find_spec(plugin) is None:
         raise ImportError(
-            "actor_rollout_ref.rollout.name=vllm on Ascend (trainer.device=npu) needs the vllm-ascend platform plugin, "
-            f"which is not installed: {VLLM_INSTALL_HINT}"
+            f"actor_rollout_ref.rollout.name=vllm on trainer.device={device_name} needs the "
+            f"{plugin.replace('_', '-')} platform plugin (module `{plugin}`), which is not installed: {VLLM_INSTALL_HINT}"
         )
     return vllm
 

@@ -10,7 +10,6 @@ the engine worker / optimizer modules, which import torch-heavy code.
 
 import importlib
 
-from verl.trainer.config.config import CheckpointConfig
 from verl.upstream_gaps import missing_name_getattr
 from verl.workers.config.actor import (
     ActorConfig,
@@ -19,6 +18,7 @@ from verl.workers.config.actor import (
     RouterReplayConfig,
     VeOmniActorConfig,
 )
+from verl.workers.config.common import CheckpointConfig
 from verl.workers.config.critic import CriticConfig, FSDPCriticConfig, FSDPCriticModelCfg
 from verl.workers.config.engine import EngineConfig, EngineRouterReplayConfig, FSDPEngineConfig, VeOmniEngineConfig
 from verl.workers.config.model import FusedKernelOptionsConfig, HFModelConfig, TiledMLPConfig

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar, Optional
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
-from verl.trainer.config.algorithm import check_kl_estimator
-from verl.trainer.config.config import CheckpointConfig
 from verl.workers.config.batch import (
     check_micro_batch_settings,
     mini_batch_responses_per_rank,
     validate_ppo_batch,
 )
+from verl.workers.config.common import CheckpointConfig, check_kl_estimator
 from verl.workers.config.engine import (
     FSDP_STRATEGIES,
     FSDPEngineConfig,

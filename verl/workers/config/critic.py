@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
 from verl.base_config import BaseConfig, ConfigError, require_choice, require_positive
-from verl.trainer.config.config import BaseModelConfig, CheckpointConfig
 from verl.workers.config.actor import LOSS_AGG_MODES, check_offload_policy, check_sequence_parallel
 from verl.workers.config.batch import check_micro_batch_settings, mini_batch_responses_per_rank, validate_ppo_batch
+from verl.workers.config.common import BaseModelConfig, CheckpointConfig
 from verl.workers.config.engine import (
     FSDP_STRATEGIES,
     FSDPEngineConfig,

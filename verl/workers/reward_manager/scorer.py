@@ -134,18 +134,33 @@ class _Reporter:
                     "%s: sample %d (data_source=%r) did not return within reward.compute_score_timeout=%g s; its "
                     "worker process was killed, the sample scores 0.0 and the run continues (%d of %d samples done "
                     "after %.1f s; further timeouts of this batch are counted in reward/num_timed_out)",
-                    self.manager, event.index, self.labels[event.index], self.limits.compute_score_timeout,
-                    event.done, event.total, event.elapsed_s,
-                )  # fmt: skip
+                    self.manager,
+                    event.index,
+                    self.labels[event.index],
+                    self.limits.compute_score_timeout,
+                    event.done,
+                    event.total,
+                    event.elapsed_s,
+                )
         elif event.kind == "deadline":
             logger.warning(
                 "%s: reward.batch_timeout=%g s reached with %d of %d samples scored; the %d unfinished samples "
                 "(first: sample %d, data_source=%r) score 0.0 and count in reward/num_timed_out",
-                self.manager, self.limits.batch_timeout, event.total - event.unfinished, event.total,
-                event.unfinished, event.index, self.labels[event.index],
-            )  # fmt: skip
+                self.manager,
+                self.limits.batch_timeout,
+                event.total - event.unfinished,
+                event.total,
+                event.unfinished,
+                event.index,
+                self.labels[event.index],
+            )
         elif event.kind == "progress":
             logger.warning(
                 "%s: reward scoring is slow: %d of %d samples scored after %.0f s (%d failed so far; %s)",
-                self.manager, event.done, event.total, event.elapsed_s, event.failed, self.limits.describe(),
-            )  # fmt: skip
+                self.manager,
+                event.done,
+                event.total,
+                event.elapsed_s,
+                event.failed,
+                self.limits.describe(),
+            )

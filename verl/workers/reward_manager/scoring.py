@@ -126,9 +126,12 @@ def warn_failures(samples: list[Any], results: list[ScoreResult], manager: str) 
     if failures:
         timed_out = sum(r.timed_out for _, r in failures)
         logger.warning(
-            "%s: %d of %d samples failed (%d timed out); see reward/num_failed", manager, len(failures),
-            len(results), timed_out,
-        )  # fmt: skip
+            "%s: %d of %d samples failed (%d timed out); see reward/num_failed",
+            manager,
+            len(failures),
+            len(results),
+            timed_out,
+        )
 
 
 def collect_extra_info(results: list[ScoreResult]) -> dict[str, list]:

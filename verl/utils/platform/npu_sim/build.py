@@ -36,11 +36,23 @@ def _compile_command(compiler: str, output: Path) -> list[str]:
     torch_dir = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
-        compiler, "-O1", "-shared", "-fPIC", "-std=c++20", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        str(SOURCE), f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_dir / 'lib'}",
-        "-o", str(output),
-    ]  # fmt: skip
+        compiler,
+        "-O1",
+        "-shared",
+        "-fPIC",
+        "-std=c++20",
+        "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{torch_dir / 'include'}",
+        f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        str(SOURCE),
+        f"-L{torch_dir / 'lib'}",
+        "-lc10",
+        "-ltorch_cpu",
+        f"-Wl,-rpath,{torch_dir / 'lib'}",
+        "-o",
+        str(output),
+    ]
 
 
 def _cache_dir() -> Path:

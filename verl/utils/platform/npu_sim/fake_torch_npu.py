@@ -323,9 +323,13 @@ def npu_cross_entropy_loss(
     if lse_square_scale_for_zloss != 0.0 or return_zloss:
         raise NotImplementedError("npu_cross_entropy_loss: z-loss not simulated")
     loss = F.cross_entropy(
-        input.float(), target, weight=weight, reduction=reduction, ignore_index=ignore_index,
+        input.float(),
+        target,
+        weight=weight,
+        reduction=reduction,
+        ignore_index=ignore_index,
         label_smoothing=label_smoothing,
-    )  # fmt: skip
+    )
     log_prob = torch.log_softmax(input.float(), dim=-1)
     empty = torch.empty(0, device=input.device)
     return loss.to(input.dtype), log_prob, empty, empty.clone()
