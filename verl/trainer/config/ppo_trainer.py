@@ -191,8 +191,9 @@ class PPOTrainerConfig(BaseConfig):
         self._check_router_replay()
 
     def _check_router_replay(self) -> None:
-        """R2 records the routing in the old-log-prob forward: bypass mode has none; under Ulysses SP each rank
-        routes only its slice of the stream, which the replay does not split."""
+        """R2 records the routing in the old-log-prob forward: bypass mode has none. Under the FSDP engine's Ulysses
+        SP the replay is cut like the input ids (``verl.workers.core.routing.shard_routing``); VeOmni's own SP
+        slices the stream inside its model, where the replay is not wired."""
         actor = self.actor_rollout_ref.actor
         mode = actor.router_replay.mode
         self._check_rollout_routing(mode)
@@ -204,11 +205,12 @@ class PPOTrainerConfig(BaseConfig):
                 "(R2) records the routing in the old-log-prob forward, which algorithm.rollout_correction.bypass_mode="
                 "True skips; disable one of them.",
             )
-        if actor.ulysses_sp_size > 1:
+        if actor.strategy == "veomni" and actor.ulysses_sp_size > 1:
             raise ConfigError(
                 "actor_rollout_ref.actor.router_replay.mode",
-                f"({mode}) is not supported with Ulysses sequence parallelism (ulysses_sequence_parallel_size="
-                f"{actor.ulysses_sp_size}); use ulysses_sequence_parallel_size=1.",
+                f"({mode}) is not wired to VeOmni's own sequence parallelism (actor_rollout_ref.actor.veomni."
+                f"ulysses_parallel_size={actor.ulysses_sp_size}); use ulysses_parallel_size=1, or strategy=fsdp2 "
+                "with ulysses_sequence_parallel_size (router replay works under the FSDP engine's Ulysses SP).",
             )
 
     def _check_rollout_routing(self, mode: str) -> None:
