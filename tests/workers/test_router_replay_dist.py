@@ -14,10 +14,9 @@ the one-process recording, so the slicing is checked at the experts, not from th
 Tolerances (fp32): log-probs <= 1e-5 (SP changes only the reduction order of the per-head attention sums and the
 all-to-all layout); SP gradients averaged over the SP ranks (what FSDP's reduction does) equal the SP 1 gradients
 to 1e-4 of each parameter's largest entry (sums over different token splits); FSDP2 world 2 vs one process:
-weights after two SGD epochs at lr 1 equal to 1e-5, grad norms to rel 1e-5 (the dp all-reduce sums two halves of
-the same token-normalised loss).
+weights after two SGD epochs at lr 1 equal to 1e-6 (observed 3e-8), grad norms to rel 1e-5 (the dp all-reduce
+sums two halves of the same token-normalised loss: only the fp32 summation order differs).
 """
-
 
 import pytest
 import torch
@@ -204,10 +203,10 @@ def _fsdp2_ranks() -> dict:
 
 def test_fsdp2_world_2_with_r2_equals_one_process():
     """Invariant (FSDP2 world 2 = one process, with R2 on): the old-log-prob pass records the same routing and
-    log-probs (<= 1e-6) on every row, and after two PPO epochs that replay it the weights equal (<= 1e-5) and the
-    grad norms agree (rel 1e-5) — both with the 8 rows split over 2 dp ranks and with Ulysses SP 2 over both
-    ranks. Non-vacuous: without replay the same two epochs end at different weights (the second epoch's native
-    routing moved), so the replay is what both layouts reproduce."""
+    log-probs on every row (<= 1e-6 with dp 2, <= 1e-5 with SP 2), and after two PPO epochs that replay it the
+    weights equal (<= 1e-6) and the grad norms agree (rel 1e-5), both with the 8 rows split over 2 dp ranks and
+    with Ulysses SP 2 over both ranks. Non-vacuous: without replay the same two epochs end at different weights
+    (6.8e-4 away: the second epoch's native routing moved), so the replay is what both layouts reproduce."""
     reference, disabled = _single_process("R2"), _single_process("disabled")
     drift = max((reference["state"][k] - v).abs().max().item() for k, v in disabled["state"].items())
     assert drift > 1e-4, f"replay made no difference ({drift:.2e}): the test could not tell a wrong replay apart"
@@ -225,4 +224,4 @@ def test_fsdp2_world_2_with_r2_equals_one_process():
         ref_norms, norms = reference["metrics"]["actor/grad_norm"], got["metrics"]["actor/grad_norm"]
         assert norms == pytest.approx(ref_norms, rel=1e-5), layout
         for name, value in reference["state"].items():
-            torch.testing.assert_close(got["state"][name], value, rtol=0, atol=1e-5, msg=f"{layout}: {name}")
+            torch.testing.assert_close(got["state"][name], value, rtol=0, atol=1e-6, msg=f"{layout}: {name}")

@@ -124,7 +124,7 @@ def test_veomni_ulysses_is_accepted_and_drives_dispatch_and_reference(compose_co
             "actor_rollout_ref.ref.veomni.attn_implementation",
             "flash_attention_2",
         ),
-        # under VeOmni SP each rank routes only its slice: router replay refused as under the FSDP engine's SP
+        # VeOmni's SP slices the stream inside its model, where router replay is not wired (the FSDP engine's is)
         (
             [
                 "model_engine=veomni",

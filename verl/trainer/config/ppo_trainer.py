@@ -208,7 +208,7 @@ class PPOTrainerConfig(BaseConfig):
         if actor.strategy == "veomni" and actor.ulysses_sp_size > 1:
             raise ConfigError(
                 "actor_rollout_ref.actor.router_replay.mode",
-                f"({mode}) is not wired to VeOmni's own sequence parallelism (actor_rollout_ref.actor.veomni."
+                f"({mode}) is not wired to VeOmni's own Ulysses sequence parallelism (actor_rollout_ref.actor.veomni."
                 f"ulysses_parallel_size={actor.ulysses_sp_size}); use ulysses_parallel_size=1, or strategy=fsdp2 "
                 "with ulysses_sequence_parallel_size (router replay works under the FSDP engine's Ulysses SP).",
             )
