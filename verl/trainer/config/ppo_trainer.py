@@ -191,9 +191,8 @@ class PPOTrainerConfig(BaseConfig):
         self._check_router_replay()
 
     def _check_router_replay(self) -> None:
-        """R2 records the routing in the old-log-prob forward: bypass mode has none. Under the FSDP engine's Ulysses
-        SP the replay is cut like the input ids (``verl.workers.core.routing.shard_routing``); VeOmni's own SP
-        slices the stream inside its model, where the replay is not wired."""
+        """R2 records the routing in the old-log-prob forward: bypass mode has none. (Under Ulysses SP, the FSDP
+        engine's or VeOmni's, the replay is cut like the input ids: ``verl.workers.core.routing.shard_routing``.)"""
         actor = self.actor_rollout_ref.actor
         mode = actor.router_replay.mode
         self._check_rollout_routing(mode)
@@ -204,13 +203,6 @@ class PPOTrainerConfig(BaseConfig):
                 "actor_rollout_ref.actor.router_replay.mode",
                 "(R2) records the routing in the old-log-prob forward, which algorithm.rollout_correction.bypass_mode="
                 "True skips; disable one of them.",
-            )
-        if actor.strategy == "veomni" and actor.ulysses_sp_size > 1:
-            raise ConfigError(
-                "actor_rollout_ref.actor.router_replay.mode",
-                f"({mode}) is not wired to VeOmni's own Ulysses sequence parallelism (actor_rollout_ref.actor.veomni."
-                f"ulysses_parallel_size={actor.ulysses_sp_size}); use ulysses_parallel_size=1, or strategy=fsdp2 "
-                "with ulysses_sequence_parallel_size (router replay works under the FSDP engine's Ulysses SP).",
             )
 
     def _check_rollout_routing(self, mode: str) -> None:

@@ -144,9 +144,19 @@ class RoutingStep:
     gathered into the forward's own token stream (packed: the non-padding tokens in order; padded: all ``B * S``)
     and, after a forward, scattered back (padding positions 0). ``recorded`` is the ``(B, S, L, k)`` routing the
     forward used (in replay: the forced choice as the gates applied it).
+
+    ``sp_group``: the Ulysses group the model splits a packed stream over when the forward is given none (VeOmni's
+    own SP, which slices inside the model exactly like the core's: right-padded to a multiple of SP, contiguous
+    slices); the forward's own ``ulysses_group`` wins when it has one.
     """
 
-    def __init__(self, router: Any, mode: str, routed_experts: torch.Tensor | None = None):
+    def __init__(
+        self,
+        router: Any,
+        mode: str,
+        routed_experts: torch.Tensor | None = None,
+        sp_group: ProcessGroup | None = None,
+    ):
         if mode not in ("record", "replay"):
             raise ValueError(f"RoutingStep mode must be record or replay, got {mode!r}")
         if mode == "replay" and routed_experts is None:
@@ -154,7 +164,7 @@ class RoutingStep:
                 "router replay: the batch has no routed_experts (R2 records them in compute_log_prob, R3 gets them "
                 "from the rollout with actor_rollout_ref.rollout.enable_rollout_routing_replay=True)"
             )
-        self.router, self.mode, self.routed_experts = router, mode, routed_experts
+        self.router, self.mode, self.routed_experts, self.sp_group = router, mode, routed_experts, sp_group
         self.recorded: torch.Tensor | None = None
 
     def run(self, call, token_index: torch.Tensor, batch_size: int, seqlen: int, sp_group: ProcessGroup | None = None):
@@ -164,6 +174,7 @@ class RoutingStep:
         from verl.models.transformers.router_replay import RouterReplayError
         from verl.workers.core.routing import gather_routing, shard_routing
 
+        sp_group = sp_group if sp_group is not None else self.sp_group
         flat_shape = (batch_size * seqlen, self.router.num_layers, self.router.top_k)
         if self.mode == "replay":
             if tuple(self.routed_experts.shape) != (batch_size, seqlen, *flat_shape[1:]):
