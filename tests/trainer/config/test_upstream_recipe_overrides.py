@@ -82,13 +82,18 @@ def test_router_replay_veomni_r2(compose_config):
 
 
 def test_router_replay_veomni_r3(compose_config):
-    """R3 composes with the HF rollout (which records the routing); refused, naming the key, with vLLM (whose CPU
-    build cannot return routed experts) and when the rollout is not asked to record it."""
+    """R3 composes with the HF rollout and with vLLM without prefix caching (both record the routing); refused,
+    naming the key, with vLLM's prefix cache on (cached prompt blocks are never routed), with a rollout that cannot
+    record it, and when the rollout is not asked to record it."""
     typed = _typed(compose_config, recipes.ROUTER_REPLAY_VEOMNI_R3)
     assert typed.actor_rollout_ref.actor.router_replay.mode == "R3"
     assert typed.actor_rollout_ref.rollout.enable_rollout_routing_replay
-    with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*rollout.name=hf.*Triton"):
-        _typed(compose_config, [*recipes.ROUTER_REPLAY_VEOMNI_R3, "actor_rollout_ref.rollout.name=vllm"])
+    vllm = [*recipes.ROUTER_REPLAY_VEOMNI_R3, "actor_rollout_ref.rollout.name=vllm"]
+    assert _typed(compose_config, [*vllm, "actor_rollout_ref.rollout.enable_prefix_caching=False"])
+    with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*enable_prefix_caching=False"):
+        _typed(compose_config, vllm)
+    with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*name=hf or vllm"):
+        _typed(compose_config, [*recipes.ROUTER_REPLAY_VEOMNI_R3, "actor_rollout_ref.rollout.name=sglang"])
     no_routing = [o for o in recipes.ROUTER_REPLAY_VEOMNI_R3 if "enable_rollout_routing_replay" not in o]
     with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*must be True"):
         _typed(compose_config, no_routing)
