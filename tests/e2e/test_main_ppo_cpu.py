@@ -477,6 +477,27 @@ def test_router_replay_r2_and_rollout_correction_train(assets, tmp_path, worker_
         )
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("worker_path", ["legacy", "engine"])
+def test_router_replay_r2_under_ulysses_sp_2_trains(assets, tmp_path, worker_path):
+    """GRPO on the tiny Qwen3.5-MoE with router_replay.mode=R2 and ulysses_sequence_parallel_size=2 over the 2
+    workers (dp 1): each SP rank records and replays the routing of its slice of the packed stream; 2 steps
+    complete on both worker paths (the numbers are tests/workers/test_router_replay_dist.py's)."""
+    overrides = [
+        "actor_rollout_ref.actor.router_replay.mode=R2",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "trainer.n_gpus_per_node=2",
+        "ray_kwargs.ray_init.num_cpus=3",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+    ]
+    if worker_path == "engine":
+        overrides.append("trainer.use_legacy_worker_impl=disable")
+    _run(_command(assets, tmp_path, *overrides))
+    assert sorted(_metrics(tmp_path)) == [1, 2]
+
+
 @pytest.mark.parametrize(
     "worker_path",
     ["legacy", pytest.param("engine", marks=pytest.mark.slow)],

@@ -119,3 +119,17 @@ def test_grpo_with_vllm_and_token_is_logs_rollout_correction(assets, tmp_path, c
     with capsys.disabled():
         stats = {k: metrics[1][f"rollout_corr/{k}"] for k in ("rollout_is_min", "rollout_is_max", "rollout_is_std")}
         print(f"\n[vllm rollout_is=token] step 1 IS weights: {stats}, kl {metrics[1]['rollout_corr/kl']:.2e}")
+
+
+@pytest.mark.slow
+def test_grpo_with_vllm_and_r3_trains(assets, tmp_path):
+    """GRPO with the vLLM rollout and router replay R3 (3 steps, legacy workers): the rollout records the routing
+    vLLM's MoE routers used (prefix cache off), the old-log-prob pass and the update replay it; every step completes
+    and logs the engine-vs-actor mismatch metrics within the usual bound."""
+    metrics = _run(
+        assets, tmp_path, "trainer.total_training_steps=3", "actor_rollout_ref.actor.router_replay.mode=R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+        "actor_rollout_ref.rollout.enable_prefix_caching=False",
+    )  # fmt: skip
+    assert sorted(metrics) == [1, 2, 3]
+    _check_mismatch_metrics(metrics)

@@ -124,16 +124,6 @@ def test_veomni_ulysses_is_accepted_and_drives_dispatch_and_reference(compose_co
             "actor_rollout_ref.ref.veomni.attn_implementation",
             "flash_attention_2",
         ),
-        # under VeOmni SP each rank routes only its slice: router replay refused as under the FSDP engine's SP
-        (
-            [
-                "model_engine=veomni",
-                "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2",
-                "actor_rollout_ref.actor.router_replay.mode=R2",
-            ],
-            "actor_rollout_ref.actor.router_replay.mode",
-            "Ulysses",
-        ),
         # the workers dispatch actor and reference rows by one (dp, sp) layout
         (
             [

@@ -45,6 +45,35 @@ def test_rollout_correction_multi_rs_example(compose_config):
     }
 
 
+def test_rollout_correction_rloo_example(compose_config):
+    """Upstream's run_with_rollout_corr.sh: RLOO, sequence IS at 2.0 self-normalised, no RS, bypass + REINFORCE."""
+    typed = _typed(compose_config, recipes.ROLLOUT_CORRECTION_RLOO)
+    corr = typed.algorithm.rollout_correction
+    assert typed.algorithm.adv_estimator == "rloo"
+    assert (corr.rollout_is, corr.rollout_is_threshold, corr.rollout_is_batch_normalize) == ("sequence", 2.0, True)
+    assert (corr.rollout_rs, corr.rollout_rs_threshold) == (None, None)
+    assert (corr.bypass_mode, corr.loss_type) == (True, "reinforce")
+
+
+@pytest.mark.parametrize("mode", ["R2", "R3"])
+def test_router_replay_veomni_qwen3_5_35b_recipe(compose_config, mode):
+    """Upstream's Qwen3.5-35B-A3B VeOmni router-replay recipe with its defaults composes and validates: R2 (or R3
+    with the rollout recording) under VeOmni's Ulysses SP 2 (the replay is cut per SP rank like the ids:
+    tests/workers/engine/veomni/test_sequence_parallel.py), EP 1, GSPO, VeOmni's kernels."""
+    overrides = list(recipes.ROUTER_REPLAY_VEOMNI_QWEN3_5_35B)
+    if mode == "R3":
+        overrides += [
+            "actor_rollout_ref.actor.veomni.router_replay.mode=R3",
+            "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+        ]
+    typed = _typed(compose_config, overrides)
+    actor = typed.actor_rollout_ref.actor
+    assert actor.router_replay.mode == actor.veomni.router_replay.mode == mode
+    assert actor.ulysses_sp_size == actor.veomni.ulysses_parallel_size == 2
+    assert actor.veomni.expert_parallel_size == 1 and actor.policy_loss.loss_mode == "gspo"
+    assert typed.actor_rollout_ref.rollout.enable_rollout_routing_replay == (mode == "R3")
+
+
 def test_router_replay_veomni_r2(compose_config):
     """The engine-scoped key selects R2 for the actor (one setting with actor.router_replay.mode)."""
     typed = _typed(compose_config, recipes.ROUTER_REPLAY_VEOMNI_R2)
@@ -53,13 +82,18 @@ def test_router_replay_veomni_r2(compose_config):
 
 
 def test_router_replay_veomni_r3(compose_config):
-    """R3 composes with the HF rollout (which records the routing); refused, naming the key, with vLLM (whose CPU
-    build cannot return routed experts) and when the rollout is not asked to record it."""
+    """R3 composes with the HF rollout and with vLLM without prefix caching (both record the routing); refused,
+    naming the key, with vLLM's prefix cache on (cached prompt blocks are never routed), with a rollout that cannot
+    record it, and when the rollout is not asked to record it."""
     typed = _typed(compose_config, recipes.ROUTER_REPLAY_VEOMNI_R3)
     assert typed.actor_rollout_ref.actor.router_replay.mode == "R3"
     assert typed.actor_rollout_ref.rollout.enable_rollout_routing_replay
-    with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*rollout.name=hf.*Triton"):
-        _typed(compose_config, [*recipes.ROUTER_REPLAY_VEOMNI_R3, "actor_rollout_ref.rollout.name=vllm"])
+    vllm = [*recipes.ROUTER_REPLAY_VEOMNI_R3, "actor_rollout_ref.rollout.name=vllm"]
+    assert _typed(compose_config, [*vllm, "actor_rollout_ref.rollout.enable_prefix_caching=False"])
+    with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*enable_prefix_caching=False"):
+        _typed(compose_config, vllm)
+    with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*name=hf or vllm"):
+        _typed(compose_config, [*recipes.ROUTER_REPLAY_VEOMNI_R3, "actor_rollout_ref.rollout.name=sglang"])
     no_routing = [o for o in recipes.ROUTER_REPLAY_VEOMNI_R3 if "enable_rollout_routing_replay" not in o]
     with pytest.raises(ConfigError, match="enable_rollout_routing_replay.*must be True"):
         _typed(compose_config, no_routing)

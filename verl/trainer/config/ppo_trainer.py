@@ -191,8 +191,8 @@ class PPOTrainerConfig(BaseConfig):
         self._check_router_replay()
 
     def _check_router_replay(self) -> None:
-        """R2 records the routing in the old-log-prob forward: bypass mode has none; under Ulysses SP each rank
-        routes only its slice of the stream, which the replay does not split."""
+        """R2 records the routing in the old-log-prob forward: bypass mode has none. (Under Ulysses SP, the FSDP
+        engine's or VeOmni's, the replay is cut like the input ids: ``verl.workers.core.routing.shard_routing``.)"""
         actor = self.actor_rollout_ref.actor
         mode = actor.router_replay.mode
         self._check_rollout_routing(mode)
@@ -204,31 +204,32 @@ class PPOTrainerConfig(BaseConfig):
                 "(R2) records the routing in the old-log-prob forward, which algorithm.rollout_correction.bypass_mode="
                 "True skips; disable one of them.",
             )
-        if actor.ulysses_sp_size > 1:
-            raise ConfigError(
-                "actor_rollout_ref.actor.router_replay.mode",
-                f"({mode}) is not supported with Ulysses sequence parallelism (ulysses_sequence_parallel_size="
-                f"{actor.ulysses_sp_size}); use ulysses_sequence_parallel_size=1.",
-            )
 
     def _check_rollout_routing(self, mode: str) -> None:
-        """R3 replays the routing the rollout recorded: the rollout must record it, and only the HF rollout can
-        here (it hooks the MoE gates during ``generate``)."""
+        """R3 replays the routing the rollout recorded: the rollout must record it. The HF rollout hooks the MoE
+        gates during ``generate``; the vLLM rollout hooks vLLM's MoE routers
+        (``verl.workers.rollout.vllm_rollout.routing``), which needs every prompt token forwarded (no prefix cache)."""
         rollout = self.actor_rollout_ref.rollout
+        key = "actor_rollout_ref.rollout.enable_rollout_routing_replay"
         if mode == "R3" and not rollout.enable_rollout_routing_replay:
             raise ConfigError(
-                "actor_rollout_ref.rollout.enable_rollout_routing_replay",
+                key,
                 "(False) must be True with actor_rollout_ref.actor.router_replay.mode=R3: R3 replays the routing the "
                 "rollout records (or use R2, which records it in the old-log-prob forward).",
             )
-        if rollout.enable_rollout_routing_replay and rollout.name != "hf":
+        if not rollout.enable_rollout_routing_replay:
+            return
+        if rollout.name not in ("hf", "vllm"):
             raise ConfigError(
-                "actor_rollout_ref.rollout.enable_rollout_routing_replay",
-                f"(True) needs actor_rollout_ref.rollout.name=hf (got {rollout.name}): the HF rollout records the "
-                "routing of every token; the vLLM rollout here does not, since vLLM's enable_return_routed_experts "
-                "needs its Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton, absent from the CPU "
-                "build, and it is not wired or checked on the GPU/NPU builds. Use rollout.name=hf, or "
-                "router_replay.mode=R2 (no rollout routing needed).",
+                key,
+                f"(True) needs actor_rollout_ref.rollout.name=hf or vllm (got {rollout.name}): those rollouts record "
+                "the routing of every token. Or use router_replay.mode=R2 (no rollout routing needed).",
+            )
+        if rollout.name == "vllm" and rollout.enable_prefix_caching:
+            raise ConfigError(
+                key,
+                "(True) with rollout.name=vllm needs actor_rollout_ref.rollout.enable_prefix_caching=False: a cached "
+                "prompt block is not forwarded again, so vLLM's routers never route it.",
             )
 
     def _check_rollout_correction(self) -> None:

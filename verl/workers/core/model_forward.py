@@ -144,9 +144,19 @@ class RoutingStep:
     gathered into the forward's own token stream (packed: the non-padding tokens in order; padded: all ``B * S``)
     and, after a forward, scattered back (padding positions 0). ``recorded`` is the ``(B, S, L, k)`` routing the
     forward used (in replay: the forced choice as the gates applied it).
+
+    ``sp_group``: the Ulysses group the model splits a packed stream over when the forward is given none (VeOmni's
+    own SP, which slices inside the model exactly like the core's: right-padded to a multiple of SP, contiguous
+    slices); the forward's own ``ulysses_group`` wins when it has one.
     """
 
-    def __init__(self, router: Any, mode: str, routed_experts: torch.Tensor | None = None):
+    def __init__(
+        self,
+        router: Any,
+        mode: str,
+        routed_experts: torch.Tensor | None = None,
+        sp_group: ProcessGroup | None = None,
+    ):
         if mode not in ("record", "replay"):
             raise ValueError(f"RoutingStep mode must be record or replay, got {mode!r}")
         if mode == "replay" and routed_experts is None:
@@ -154,13 +164,17 @@ class RoutingStep:
                 "router replay: the batch has no routed_experts (R2 records them in compute_log_prob, R3 gets them "
                 "from the rollout with actor_rollout_ref.rollout.enable_rollout_routing_replay=True)"
             )
-        self.router, self.mode, self.routed_experts = router, mode, routed_experts
+        self.router, self.mode, self.routed_experts, self.sp_group = router, mode, routed_experts, sp_group
         self.recorded: torch.Tensor | None = None
 
-    def run(self, call, token_index: torch.Tensor, batch_size: int, seqlen: int):
-        """``call()`` with the routing recorded or forced on the tokens ``token_index`` (flat in ``B * S``)."""
+    def run(self, call, token_index: torch.Tensor, batch_size: int, seqlen: int, sp_group: ProcessGroup | None = None):
+        """``call()`` with the routing recorded or forced on the tokens ``token_index`` (flat in ``B * S``); a
+        packed forward under Ulysses SP (``sp_group``) forces and records this rank's slice of the stream
+        (:func:`verl.workers.core.routing.shard_routing`)."""
         from verl.models.transformers.router_replay import RouterReplayError
+        from verl.workers.core.routing import gather_routing, shard_routing
 
+        sp_group = sp_group if sp_group is not None else self.sp_group
         flat_shape = (batch_size * seqlen, self.router.num_layers, self.router.top_k)
         if self.mode == "replay":
             if tuple(self.routed_experts.shape) != (batch_size, seqlen, *flat_shape[1:]):
@@ -168,13 +182,14 @@ class RoutingStep:
                     f"router replay: routed_experts has shape {tuple(self.routed_experts.shape)}, the micro-batch "
                     f"needs {(batch_size, seqlen, *flat_shape[1:])} (rows, tokens, MoE layers, top-k)"
                 )
-            self.router.replay(self.routed_experts.reshape(flat_shape)[token_index])
+            self.router.replay(shard_routing(self.routed_experts.reshape(flat_shape)[token_index], sp_group))
             output = call()
             recorded = self.router.recorded()
         else:
             with self.router.record():
                 output = call()
                 recorded = self.router.recorded()
+        recorded = gather_routing(recorded, token_index.numel(), sp_group)
         padded = torch.zeros(flat_shape, dtype=recorded.dtype, device=recorded.device)
         padded[token_index] = recorded
         self.recorded = padded.reshape(batch_size, seqlen, *flat_shape[1:])
@@ -217,7 +232,6 @@ def forward_log_probs(
     fused = options.use_fused(lm_head)
     mm = dict(multi_modal_inputs or {})
     if options.use_remove_padding:
-        _refuse_routing_under_sp(routing, ulysses_group)
         log_probs, entropy = _packed_log_probs(
             model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
             calculate_entropy, options, fused, mm, ulysses_group, routing,
@@ -233,19 +247,6 @@ def forward_log_probs(
     if routing is not None:
         out["routed_experts"] = routing.recorded
     return out
-
-
-def _refuse_routing_under_sp(routing: RoutingStep | None, ulysses_group: ProcessGroup | None) -> None:
-    from verl.utils.ulysses import get_ulysses_sequence_parallel_group, get_ulysses_sequence_parallel_world_size
-
-    group = ulysses_group if ulysses_group is not None else get_ulysses_sequence_parallel_group()
-    if routing is not None and get_ulysses_sequence_parallel_world_size(group) > 1:
-        from verl.models.transformers.router_replay import RouterReplayError
-
-        raise RouterReplayError(
-            "router replay with Ulysses sequence parallelism (ulysses_sequence_parallel_size > 1) is not supported "
-            "here: each rank routes only its slice of the stream; use ulysses_sequence_parallel_size=1"
-        )
 
 
 def _row_temperature(temperature, index: torch.Tensor, seqlen: int):
@@ -272,7 +273,7 @@ def _packed_log_probs(model, lm_head, input_ids, attention_mask, position_ids, r
     )
     call = lambda: forward_packed(model, packed, ulysses_group=ulysses_group, **mm)  # noqa: E731
     if routing is not None:
-        call = _routed(routing, call, packed.indices, batch_size, seqlen)
+        call = _routed(routing, call, packed.indices, batch_size, seqlen, ulysses_group)
     log_probs, entropy = _run(model, lm_head, plan, call)
     if not fused:
         log_probs, entropy = _log_probs_from_logits(log_probs, labels, row_temperature, options, calculate_entropy)
@@ -305,8 +306,8 @@ def _padded_log_probs(model, lm_head, input_ids, attention_mask, position_ids, r
     return log_probs * valid, None if entropy is None else entropy * valid
 
 
-def _routed(routing: RoutingStep, call, token_index: torch.Tensor, batch_size: int, seqlen: int):
-    return lambda: routing.run(call, token_index, batch_size, seqlen)
+def _routed(routing: RoutingStep, call, token_index: torch.Tensor, batch_size: int, seqlen: int, sp_group=None):
+    return lambda: routing.run(call, token_index, batch_size, seqlen, sp_group)
 
 
 def forward_values(

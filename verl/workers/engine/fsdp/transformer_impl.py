@@ -376,7 +376,7 @@ class FSDPEngineWithLMHead(FSDPEngine):
             return None
         if getattr(self, "_router", None) is None:
             self._router = install_router_replay(self._require_module())
-        return RoutingStep(self._router, mode, micro_batch.batch.get(ROUTED_EXPERTS))
+        return RoutingStep(self._router, mode, micro_batch.batch.get(ROUTED_EXPERTS), self.layout.ulysses_group)
 
 
 @EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device=list(_DEVICES))

@@ -17,6 +17,7 @@ only picks sleep level 1 there (level 2 is unsupported) and sets the platform's 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -33,6 +34,7 @@ from verl.utils.vllm.utils import get_vllm_model, require_vllm
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.vllm_rollout.outputs import assemble_rollout_batch, prompt_token_ids, unpack_request_outputs
 from verl.workers.rollout.vllm_rollout.params import engine_kwargs, eos_token_ids, pad_token_id, sampling_kwargs
+from verl.workers.rollout.vllm_rollout.routing import EngineRoutingRecorder
 from verl.workers.sharding_manager.vllm_weight_sync import WeightSyncReport, load_weights_into_vllm
 
 __all__ = ["check_engine_prompts", "engine_env", "vLLMRollout"]
@@ -151,7 +153,9 @@ class vLLMRollout(BaseRollout):
 
     def _generate(self, prompts: DataProto) -> DataProto:
         params = self._sampling_params_cls(**sampling_kwargs(self.config, prompts.meta_info))
-        outputs = self.llm.generate(_requests(prompts), sampling_params=params, use_tqdm=False)
+        recorder = self._routing_recorder(prompts.meta_info)
+        with recorder.record() if recorder is not None else contextlib.nullcontext() as steps:
+            outputs = self.llm.generate(_requests(prompts), sampling_params=params, use_tqdm=False)
         checked = check_engine_prompts(outputs, prompts)
         if checked and not self._reported_image_prompts:
             self._reported_image_prompts = True
@@ -167,7 +171,19 @@ class vLLMRollout(BaseRollout):
             eos_token_id=eos_token_ids(prompts.meta_info),
             log_probs=log_probs,
         )
+        if recorder is not None:
+            mask = prompts.batch["attention_mask"]
+            tensors["routed_experts"] = recorder.assemble(outputs, mask, self.config.response_length, steps)
         return DataProto.from_dict(tensors=tensors)  # tensors only, like the HF rollout
+
+    def _routing_recorder(self, meta_info: dict) -> EngineRoutingRecorder | None:
+        """R3 (``rollout.enable_rollout_routing_replay``): the engine's routing of every training generation
+        (:mod:`verl.workers.rollout.vllm_rollout.routing`); hooks installed on first use."""
+        if not self.config.enable_rollout_routing_replay or meta_info.get("validate", False):
+            return None
+        if getattr(self, "_routing", None) is None:
+            self._routing = EngineRoutingRecorder(self.llm, self.vllm_model)
+        return self._routing
 
     def _tp_group(self) -> tuple[Any, int, int]:
         """(process group, size, rank) of this engine's tensor-parallel ranks (mesh dim ``infer_tp``)."""
