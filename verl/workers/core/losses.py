@@ -22,7 +22,14 @@ from verl.trainer.ppo import core_algos
 from verl.utils.torch_functional import masked_mean
 from verl.workers.core.micro_batching import GlobalBatchInfo
 
-__all__ = ["LossConfigView", "MetricAccumulator", "actor_loss", "bind_rollout_correction", "critic_loss"]
+__all__ = [
+    "LossConfigView",
+    "MetricAccumulator",
+    "actor_loss",
+    "bind_rollout_correction",
+    "critic_loss",
+    "value_loss",
+]
 
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss"})
 
@@ -138,6 +145,16 @@ def critic_loss(
         "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item(),
     }
     return vf_loss, metrics
+
+
+def value_loss(
+    config: Any,
+    model_output: Mapping[str, torch.Tensor],
+    micro_batch: Mapping[str, torch.Tensor],
+    info: GlobalBatchInfo,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`critic_loss` in the loss-function form of the update loop: ``model_output["values"]`` (b, R)."""
+    return critic_loss(config, model_output["values"], micro_batch, info)
 
 
 def _scalar(value: Any) -> float:

@@ -31,17 +31,22 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.workers.core.optimizer_step import StepResult
+from verl.workers.core.update_loop import LossFn, optimizer_step
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BaseEngine", "BaseEngineCtx", "EngineRegistry", "LossFunction"]
 
-LossFunction = Callable[[dict[str, torch.Tensor], Any, Any], tuple[torch.Tensor, dict[str, float]]]
+LossFunction = LossFn
 """``(model_output, micro_batch, global_batch_info) -> (loss, metrics)`` (see the module docstring)."""
 
 
 class BaseEngine(ABC):
     """One model + optimizer on one data-parallel rank (upstream ``verl.workers.engine.BaseEngine``)."""
+
+    last_step_skipped: bool = False
+    """Whether the last :meth:`optimizer_step` skipped a non-finite gradient (engines that can skip set it)."""
 
     # ----------------------------------------------------------------------------------------------- lifecycle
     @abstractmethod
@@ -103,11 +108,18 @@ class BaseEngine(ABC):
         """Advance the lr schedule one step; returns the new learning rate."""
 
     def train_batch(self, data: DataProto, loss_function: LossFunction) -> dict[str, Any]:
-        """One optimizer step over ``data``: zero_grad → forward/backward → step (lr schedule stepped by the caller)."""
-        self.optimizer_zero_grad()
-        output = self.forward_backward_batch(data, loss_function, forward_only=False)
-        grad_norm = self.optimizer_step()
-        output["metrics"]["grad_norm"] = grad_norm
+        """One optimizer step over ``data`` (the core's ``optimizer_step``): zero_grad → forward/backward → step.
+
+        ``metrics`` gain ``grad_norm`` and ``skipped_steps``; the caller steps the lr schedule.
+        """
+        output: dict[str, Any] = {}
+
+        def accumulate() -> dict[str, float]:
+            output.update(self.forward_backward_batch(data, loss_function, forward_only=False))
+            return output["metrics"]
+
+        step = lambda: StepResult(self.optimizer_step(), not self.last_step_skipped)  # noqa: E731
+        output["metrics"] = optimizer_step(accumulate, self.optimizer_zero_grad, step)
         return output
 
     def infer_batch(self, data: DataProto, loss_function: LossFunction | None = None) -> dict[str, Any]:

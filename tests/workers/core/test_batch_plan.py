@@ -1,16 +1,10 @@
-"""Per-rank batch plans and metric names of the engine workers (verl/workers/engine/worker_utils.py)."""
+"""Per-rank batch plans of both worker paths and the typed meta_info readers (verl/workers/core/batch_plan.py)."""
 
 import pytest
 
 from verl.base_config import ConfigError
 from verl.workers.config import FSDPActorConfig, FSDPCriticConfig
-from verl.workers.engine.worker_utils import (
-    BatchPlan,
-    actor_update_plan,
-    critic_update_plan,
-    forward_plan,
-    prefixed_engine_metrics,
-)
+from verl.workers.core.batch_plan import BatchPlan, actor_update_plan, critic_update_plan, forward_plan
 
 
 def test_actor_update_plan_by_hand():
@@ -51,12 +45,4 @@ def test_batch_plan_from_meta_info():
     assert plan == BatchPlan(micro_batch_size=2, use_dynamic_bsz=False, max_token_len=None, mini_batch_size=4, epochs=2)
     assert plan.meta_info() == {"micro_batch_size": 2, "use_dynamic_bsz": False, "max_token_len": None}
     with pytest.raises(ValueError, match="mini_batch_size"):
-        BatchPlan.from_meta_info({"micro_batch_size": 2})
-
-
-def test_engine_metrics_get_the_role_prefix():
-    """Invariant: engine-level names get the role prefix (legacy names); loss terms keep theirs."""
-    metrics = {"grad_norm": [1.0], "skipped_steps": [0.0], "actor/pg_loss": [0.5]}
-    assert prefixed_engine_metrics(metrics, "actor") == {
-        "actor/grad_norm": [1.0], "actor/skipped_steps": [0.0], "actor/pg_loss": [0.5],
-    }  # fmt: skip
+        BatchPlan.from_meta_info({"micro_batch_size": 2}, training=True)
