@@ -13,10 +13,12 @@ names, the same ``DataProto`` in and out, the same n-d mesh dispatch — so ``Ra
                             ``train_batch``, ``infer_batch``, ``to``, checkpoints
 ==========================  =========================================================================================
 
-Where the maths lives: the engines (``verl/workers/engine``) build their model with the core's ``build_fsdp_model``
-and run the shared core (``verl/workers/core``); the update loop (PPO epochs × mini-batches, one optimizer step each)
-is ``DataParallelPPOActor``'s. ``tests/workers/test_legacy_vs_engine.py`` checks that both paths give the same
-log-probs, losses, grad norms and weights.
+Where the work lives: the engines (``verl/workers/engine``) build their model with the core's ``build_fsdp_model``;
+the loops (PPO epochs × mini-batches × micro-batches, one clipped optimizer step per mini-batch, and the forward-only
+pass) are ``verl.workers.core.update_loop``'s, the per-rank sizes ``verl.workers.core.batch_plan``'s, offload
+``verl.workers.core.placement``'s, role parsing and generation ``verl.workers.core.roles``' — the same functions the
+legacy ``fsdp_workers`` call, so the classes here are RPC surfaces. ``tests/workers/test_legacy_vs_engine.py``
+checks that both paths give the same log-probs, losses, grad norms and weights.
 """
 
 from __future__ import annotations

@@ -12,12 +12,11 @@ Each worker is one process of a worker group; the driver reaches it only through
     save_checkpoint / load_checkpoint                                    every rank
 
 Every data-parallel rank gets its own shard of the batch (n-d mesh dispatch); with Ulysses SP
-(``ulysses_sequence_parallel_size`` = sp) the sp ranks of one group share a shard and split its token stream. The maths is
-in ``verl.workers.core`` (shared with the engine path); this module wires configs, models, offload and RPC.
-
-Offload (``fsdp_config.param_offload`` / ``optimizer_offload``): parameters and optimizer state live on the host
-between phases and are moved to the device around each phase, so every tensor a phase touches — including
-``state_dict`` in checkpointing — is on ONE device (field-report item 10).
+(``ulysses_sequence_parallel_size`` = sp) the sp ranks of one group share a shard and split its token stream. The
+maths and the orchestration are in ``verl.workers.core`` (shared with the engine path): the loops
+(``update_loop``), per-rank sizes (``batch_plan``: the config keeps its global values), offload (``placement``:
+parameters and optimizer state on the host between phases, so every tensor a phase touches is on ONE device), role
+parsing and generation (``roles``). This module wires models and RPC.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """``FSDPEngine`` (FSDP1 / FSDP2) over the shared worker core, with an LM head or a value head (upstream names).
 
-The engine adds no maths of its own: micro-batching, the packed model forward, log-probs/entropy, values, losses
-and the clipped optimizer step are the functions of ``verl.workers.core`` that the legacy ``DataParallelPPOActor``
-calls too (docs/design.md "Two worker paths, one core"; ``tests/workers/test_legacy_vs_engine.py`` runs both and
-compares). What the engine owns is the lifecycle: build and shard the model, the optimizer and lr schedule, device
-placement (offload), checkpoints and the full-weight stream for the rollout.
-
-Placement (field-report item 10, upstream #5995): with ``param_offload``/``optimizer_offload`` the model and the
-optimizer state live on the CPU between phases and come back for ``train_mode``/``eval_mode``, checkpoints and the
-weight sync, so every tensor of a phase is on one device. FSDP2's ``offload_policy`` (``CPUOffloadPolicy``) owns
-parameter placement itself; the engine then never moves parameters by hand.
+The engine adds no maths and no loop of its own: micro-batching, the packed model forward, log-probs/entropy,
+values, losses, the micro-batch loop and the clipped optimizer step are the functions of ``verl.workers.core`` that
+the legacy ``DataParallelPPOActor`` calls too (``tests/workers/test_legacy_vs_engine.py`` runs both and compares).
+What the engine owns is the lifecycle: build and shard the model, the optimizer and lr schedule, checkpoints and the
+full-weight stream for the rollout. Offload (``param_offload``/``optimizer_offload``/``offload_policy``) is the
+core's ``Placement`` rule, the legacy worker's too: ``train_mode``/``eval_mode`` and checkpoints load what it
+offloads and offload it again.
 """
 
 from __future__ import annotations
