@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from verl.utils.device import get_device_name, get_platform
+from verl.utils.device import get_platform
 from verl.utils.fsdp_utils import (
     load_fsdp_model_to_gpu,
     load_fsdp_optimizer,
@@ -61,27 +61,29 @@ class Placement:
 
     def to(self, device: str, model: bool = True, optimizer: bool = True) -> None:
         """Move the parameters (with their gradients) and/or the optimizer state to ``"cpu"`` or the device."""
-        if self.module is None:
-            raise RuntimeError("the model is not built yet: call init_model (engine: initialize) first")
-        on_host = device == "cpu"
-        if model and self.params_movable:
-            if on_host:
-                offload_fsdp_model_to_cpu(self.module)
-            else:
-                load_fsdp_model_to_gpu(self.module, get_platform().device())
-        if optimizer and self.optimizer is not None:
-            if on_host:
-                offload_fsdp_optimizer(self.optimizer)
-            else:
-                load_fsdp_optimizer(self.optimizer, get_platform().device())
+        self._move(device != "cpu", model, optimizer)
 
     def load(self, optimizer: bool = False) -> None:
         """To the device what the rule offloads: parameters (and, with ``optimizer``, optimizer state)."""
-        self.to(get_device_name(), model=self.param_offload, optimizer=optimizer and self.optimizer_offload)
+        self._move(True, self.param_offload, optimizer and self.optimizer_offload)
 
     def offload(self, optimizer: bool = True) -> None:
         """Back to the host what the rule offloads: parameters (and, with ``optimizer``, optimizer state)."""
-        self.to("cpu", model=self.param_offload, optimizer=optimizer and self.optimizer_offload)
+        self._move(False, self.param_offload, optimizer and self.optimizer_offload)
+
+    def _move(self, to_device: bool, model: bool, optimizer: bool) -> None:
+        if self.module is None:
+            raise RuntimeError("the model is not built yet: call init_model (engine: initialize) first")
+        if model and self.params_movable:
+            if to_device:
+                load_fsdp_model_to_gpu(self.module, get_platform().device())
+            else:
+                offload_fsdp_model_to_cpu(self.module)
+        if optimizer and self.optimizer is not None:
+            if to_device:
+                load_fsdp_optimizer(self.optimizer, get_platform().device())
+            else:
+                offload_fsdp_optimizer(self.optimizer)
 
     @contextlib.contextmanager
     def on_device(self, optimizer: bool = False) -> Iterator[None]:
