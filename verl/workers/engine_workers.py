@@ -23,6 +23,7 @@ checks that both paths give the same log-probs, losses, grad norms and weights.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, replace
 from functools import partial
@@ -39,12 +40,26 @@ from verl.workers.config.critic import FSDPCriticConfig, FSDPCriticModelCfg
 from verl.workers.config.engine import FSDPEngineConfig, VeOmniEngineConfig
 from verl.workers.config.model import HFModelConfig
 from verl.workers.config.optimizer import OptimizerConfig
-from verl.workers.core.batch_plan import BatchPlan, actor_update_plan, critic_update_plan, forward_plan
+from verl.workers.config.ref import RefConfig
+from verl.workers.config.rollout import RolloutConfig
+from verl.workers.core.batch_plan import (
+    BatchPlan,
+    actor_update_plan,
+    critic_forward_plan,
+    critic_update_plan,
+    log_prob_plan,
+)
 from verl.workers.core.losses import bind_rollout_correction
 from verl.workers.core.micro_forward import MODEL_INPUT_KEYS, select_inputs
 from verl.workers.core.parallel_layout import dp_sp_coordinates
 from verl.workers.core.process_group import init_process_group
-from verl.workers.core.roles import WorkerRoles, actor_rollout_ref_config, critic_config, generate_sequences
+from verl.workers.core.roles import (
+    CheckpointRPC,
+    WorkerRoles,
+    actor_rollout_ref_config,
+    critic_config,
+    generate_sequences,
+)
 from verl.workers.core.routing import (
     ROUTED_EXPERTS,
     ROUTER_REPLAY_META_KEY,
@@ -92,7 +107,7 @@ class TrainingWorkerConfig:
     profiler_config: Any = None
 
 
-class TrainingWorker(Worker):
+class TrainingWorker(CheckpointRPC, Worker):
     """One engine on every rank: forward/backward over ``DataProto`` batches with a loss function.
 
     Usable as a Ray worker (mesh ``train``) and in-process by the role workers below.
@@ -187,20 +202,11 @@ class TrainingWorker(Worker):
     def infer_batch(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(tensors=self.infer(data.to(get_platform().device()))).to("cpu")
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        self.engine.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
-    ) -> None:
-        self.engine.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        return self.engine, contextlib.nullcontext()
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(CheckpointRPC, Worker):
     """Actor, rollout and reference policy of the engine path (upstream name; the legacy worker's methods).
 
     Args:
@@ -294,17 +300,14 @@ class ActorRolloutRefWorker(Worker):
         )
 
     def _log_prob_meta(
-        self, data: DataProto, config: Any, key: str, calculate_entropy: bool, routing: bool = False
+        self,
+        data: DataProto,
+        config: RolloutConfig | RefConfig,
+        key: str,
+        calculate_entropy: bool,
+        routing: bool = False,
     ) -> DataProto:
-        sp = self.config.actor.ulysses_sp_size
-        plan = forward_plan(
-            key,
-            config.log_prob_micro_batch_size,
-            config.log_prob_micro_batch_size_per_gpu,
-            config.log_prob_use_dynamic_bsz,
-            config.log_prob_max_token_len_per_gpu * sp,
-            self.dp_size,
-        )
+        plan = log_prob_plan(config, key, self.config.actor.ulysses_sp_size, self.dp_size)
         keys = [*MODEL_INPUT_KEYS]
         keys += routing_keys(self.config.actor, recording=True) if routing else []
         data = select_inputs(data.to(get_platform().device()), keys, key)
@@ -363,24 +366,11 @@ class ActorRolloutRefWorker(Worker):
         metrics.update(memory_metrics())  # after the update: the step's peak includes optimizer state and grads
         return DataProto(meta_info={"metrics": metrics})
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        """Save the actor's model/optimizer/scheduler/RNG (and HF export with ``hf_model``) atomically."""
-        actor = self._require(self.actor if self._is_actor else None, "save_checkpoint", "actor")
-        actor.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
-    ) -> None:
-        actor = self._require(self.actor if self._is_actor else None, "load_checkpoint", "actor")
-        actor.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        return self._require(self.actor if self._is_actor else None, method, "actor"), contextlib.nullcontext()
 
 
-class CriticWorker(Worker):
+class CriticWorker(CheckpointRPC, Worker):
     """Value model of the engine path, with the legacy critic's method names. ``config``: the ``critic`` node."""
 
     def __init__(self, config: FSDPCriticConfig | DictConfig, **kwargs: Any):
@@ -410,15 +400,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, R) of this rank's shard."""
-        cfg = self.config
-        plan = forward_plan(
-            "critic.forward_micro_batch_size",
-            cfg.forward_micro_batch_size,
-            cfg.forward_micro_batch_size_per_gpu,
-            cfg.use_dynamic_bsz,
-            cfg.forward_max_token_len_per_gpu * cfg.ulysses_sequence_parallel_size,
-            self.dp_size,
-        )
+        plan = critic_forward_plan(self.config, self.dp_size)
         data = select_inputs(data.to(get_platform().device()), MODEL_INPUT_KEYS, "compute_values")
         data.meta_info.update(plan.meta_info())
         return DataProto.from_dict(tensors={"values": self._require_critic().infer(data)["values"]}).to("cpu")
@@ -436,14 +418,5 @@ class CriticWorker(Worker):
         metrics["critic/lr"] = lr
         return DataProto(meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        self._require_critic().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
-    ) -> None:
-        self._require_critic().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        return self._require_critic(), contextlib.nullcontext()

@@ -34,16 +34,24 @@ from verl.utils.debug.performance import memory_metrics
 from verl.utils.device import get_platform
 from verl.utils.fsdp_utils import create_device_mesh
 from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.config.actor import ActorConfig
 from verl.workers.config.critic import FSDPCriticConfig
 from verl.workers.config.ref import RefConfig
-from verl.workers.core.batch_plan import actor_update_plan, critic_update_plan, forward_plan
+from verl.workers.config.rollout import RolloutConfig
+from verl.workers.core.batch_plan import actor_update_plan, critic_forward_plan, critic_update_plan, log_prob_plan
 from verl.workers.core.fsdp_model import build_fsdp_model
 from verl.workers.core.losses import bind_rollout_correction
 from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.parallel_layout import DataSequenceLayout
 from verl.workers.core.placement import Placement
 from verl.workers.core.process_group import init_process_group
-from verl.workers.core.roles import WorkerRoles, actor_rollout_ref_config, critic_config, generate_sequences
+from verl.workers.core.roles import (
+    CheckpointRPC,
+    WorkerRoles,
+    actor_rollout_ref_config,
+    critic_config,
+    generate_sequences,
+)
 from verl.workers.core.routing import router_replay_mode
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.build import build_rollout
@@ -52,7 +60,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from verl.trainer.config.ppo_trainer import ActorRolloutRefConfig
-    from verl.workers.config.rollout import RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +71,7 @@ __all__ = ["ActorRolloutRefWorker", "CriticWorker"]
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(CheckpointRPC, Worker):
     """Policy worker: any combination of actor (training), rollout (generation) and reference policy.
 
     Args:
@@ -93,7 +100,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor = self.rollout = self.ref_policy = self.checkpoint_manager = None
 
     # ------------------------------------------------------------------------------------------------ building
-    def _log_prob_options(self, config: Any) -> LogProbOptions:
+    def _log_prob_options(self, config: ActorConfig | RefConfig) -> LogProbOptions:
         return LogProbOptions.from_config(
             config, self.model_config.use_remove_padding, self.model_config.use_fused_kernels
         )
@@ -184,16 +191,9 @@ class ActorRolloutRefWorker(Worker):
             self.layout.dp_rank,
         )
 
-    def _log_prob_data(self, data: DataProto, config: Any, key: str) -> DataProto:
+    def _log_prob_data(self, data: DataProto, config: RolloutConfig | RefConfig, key: str) -> DataProto:
         """``data`` on the device with the forward's per-rank plan and the rollout temperature in ``meta_info``."""
-        plan = forward_plan(
-            key,
-            config.log_prob_micro_batch_size,
-            config.log_prob_micro_batch_size_per_gpu,
-            config.log_prob_use_dynamic_bsz,
-            config.log_prob_max_token_len_per_gpu * self.layout.sp_size,
-            self.dp_size,
-        )
+        plan = log_prob_plan(config, key, self.layout.sp_size, self.dp_size)
         data = data.to(get_platform().device())
         data.meta_info.update(plan.meta_info(), temperature=self.rollout_config.temperature)
         return data
@@ -235,21 +235,9 @@ class ActorRolloutRefWorker(Worker):
         metrics.update(memory_metrics())  # after the update: the step's peak includes optimizer state and grads
         return DataProto(meta_info={"metrics": metrics})
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        """Save the actor's model/optimizer/scheduler/RNG (and HF export with ``hf_model``) atomically."""
-        self.roles.require(self._is_actor, "save_checkpoint", "actor")
-        with self._actor_placement.on_device(optimizer=True):
-            self.checkpoint_manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
-        self.roles.require(self._is_actor, "load_checkpoint", "actor")
-        with self._actor_placement.on_device(optimizer=True):
-            self.checkpoint_manager.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        self.roles.require(self._is_actor, method, "actor")
+        return self.checkpoint_manager, self._actor_placement.on_device(optimizer=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -257,7 +245,7 @@ class ActorRolloutRefWorker(Worker):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class CriticWorker(Worker):
+class CriticWorker(CheckpointRPC, Worker):
     """Value-model worker. ``config``: ``critic`` (``FSDPCriticConfig`` or its DictConfig node, converted once)."""
 
     def __init__(self, config: FSDPCriticConfig | DictConfig, **kwargs: Any):
@@ -269,15 +257,7 @@ class CriticWorker(Worker):
         self.layout.build_groups()
         self._register_dispatch_collect_info("critic", self.layout.dp_rank, self.layout.is_collect)
         self.update_plan = critic_update_plan(self.config, self.layout.dp_size)
-        cfg = self.config
-        self.forward_plan = forward_plan(
-            "critic.forward_micro_batch_size",
-            cfg.forward_micro_batch_size,
-            cfg.forward_micro_batch_size_per_gpu,
-            cfg.use_dynamic_bsz,
-            cfg.forward_max_token_len_per_gpu * self.layout.sp_size,
-            self.layout.dp_size,
-        )
+        self.forward_plan = critic_forward_plan(self.config, self.layout.dp_size)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -323,14 +303,5 @@ class CriticWorker(Worker):
             self.critic_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        with self._placement.on_device(optimizer=True):
-            self.checkpoint_manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
-        with self._placement.on_device(optimizer=True):
-            self.checkpoint_manager.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        return self.checkpoint_manager, self._placement.on_device(optimizer=True)

@@ -1,14 +1,9 @@
 """Per-rank batch sizes of one worker call and the forward switches of one call: the only readers of both.
 
-Units (see ``verl.workers.config.batch``): the role configs give ``ppo_mini_batch_size`` in PROMPTS, globally, and
-micro-batches in RESPONSES per GPU; a :class:`BatchPlan` holds the per-rank numbers one call runs with, so no config
-field ever changes units. Example: ``ppo_mini_batch_size=4`` prompts, ``rollout.n=2``, 2 ranks → 4 * 2 / 2 = 4
-responses per rank per optimizer step.
-
-Per-call switches travel in ``DataProto.meta_info`` under upstream's key names (its wire format):
-``micro_batch_size``, ``use_dynamic_bsz``, ``max_token_len``, ``mini_batch_size``, ``epochs``, ``shuffle``, ``seed``
-(:meth:`BatchPlan.from_meta_info`) and ``temperature``, ``calculate_entropy``, ``router_replay``
-(:meth:`ForwardSwitches.from_meta_info`). The defaults are the dataclass fields below, nowhere else.
+Units (``verl.workers.config.batch``): configs count ``ppo_mini_batch_size`` in PROMPTS, globally, micro-batches in
+RESPONSES per GPU; a :class:`BatchPlan` holds the per-rank numbers of one call, so no config field changes units
+(4 prompts x ``rollout.n`` 2 / 2 ranks = 4 responses per rank per step). Per-call switches travel in
+``DataProto.meta_info`` under upstream's names (its wire format); their defaults are the dataclass fields below.
 """
 
 from __future__ import annotations
@@ -22,16 +17,12 @@ import torch.distributed as dist
 from verl.base_config import ConfigError
 from verl.protocol import DataProto
 from verl.workers.config.batch import PPOBatchConfig, per_gpu_micro_batch
+from verl.workers.config.critic import CriticConfig
+from verl.workers.config.ref import RefConfig
+from verl.workers.config.rollout import RolloutConfig
 from verl.workers.core.micro_batching import split_micro_batches
 
-__all__ = [
-    "BatchPlan",
-    "ForwardSwitches",
-    "actor_update_plan",
-    "critic_update_plan",
-    "forward_plan",
-    "per_rank_update_plan",
-]
+__all__ = ["BatchPlan", "ForwardSwitches", "actor_update_plan", "critic_update_plan", "forward_plan", "log_prob_plan"]
 
 
 @dataclass(frozen=True)
@@ -56,11 +47,7 @@ class BatchPlan:
 
     def meta_info(self) -> dict[str, Any]:
         """The micro-batching switches in upstream's ``meta_info`` names (what a forward pass reads)."""
-        return {
-            "micro_batch_size": self.micro_batch_size,
-            "use_dynamic_bsz": self.use_dynamic_bsz,
-            "max_token_len": self.max_token_len,
-        }
+        return {key: getattr(self, key) for key in ("micro_batch_size", "use_dynamic_bsz", "max_token_len")}
 
     @classmethod
     def from_meta_info(cls, meta: Mapping[str, Any], *, training: bool = False) -> BatchPlan:
@@ -74,14 +61,11 @@ class BatchPlan:
     def split(
         self, data: DataProto, dp_group: dist.ProcessGroup | None = None, micro_batch_key: str = "micro_batch_size"
     ) -> tuple[list[DataProto], list[list[int]] | None]:
-        """``data`` in micro-batches of this plan (see :func:`~verl.workers.core.micro_batching.split_micro_batches`)."""
+        """``data`` in micro-batches of this plan (``micro_batching.split_micro_batches``)."""
+        sizes = {"micro_batch_size": self.micro_batch_size, "max_token_len": self.max_token_len}
+        dynamic = bool(self.use_dynamic_bsz)
         return split_micro_batches(
-            data,
-            micro_batch_size=self.micro_batch_size,
-            use_dynamic_bsz=bool(self.use_dynamic_bsz),
-            max_token_len=self.max_token_len,
-            dp_group=dp_group,
-            micro_batch_key=micro_batch_key,
+            data, **sizes, use_dynamic_bsz=dynamic, dp_group=dp_group, micro_batch_key=micro_batch_key
         )
 
 
@@ -128,26 +112,37 @@ def forward_plan(
     return BatchPlan(micro, use_dynamic_bsz, max_token_len)
 
 
-def _update_plan(cfg: Any, dp_size: int, prefix: str) -> BatchPlan:
-    micro = per_gpu_micro_batch(
-        f"{prefix}.ppo_micro_batch_size", cfg.ppo_micro_batch_size, cfg.ppo_micro_batch_size_per_gpu, dp_size
-    )
-    mini = cfg.mini_batch_responses_per_rank(dp_size)
-    if not cfg.use_dynamic_bsz and (micro is None or mini % micro):
-        raise ConfigError(
-            f"{prefix}.ppo_micro_batch_size_per_gpu",
-            f"({micro}) must be set and divide the {mini} responses per GPU per mini-batch "
-            f"({prefix}.ppo_mini_batch_size x rollout.n / {dp_size} ranks)",
-        )
-    return BatchPlan(
-        micro_batch_size=micro,
-        use_dynamic_bsz=cfg.use_dynamic_bsz,
-        max_token_len=cfg.ppo_max_token_len_per_gpu * cfg.ulysses_sp_size,
-        mini_batch_size=mini,
-        epochs=cfg.ppo_epochs,
-        shuffle=cfg.shuffle,
-        seed=cfg.data_loader_seed,
-    )
+def log_prob_plan(config: RolloutConfig | RefConfig, key: str, sp_size: int, dp_size: int) -> BatchPlan:
+    """A log-prob pass from ``log_prob_*`` keys (``rollout``: old log-probs; ``ref``); ``key``: the micro key path."""
+    max_tokens = config.log_prob_max_token_len_per_gpu * sp_size
+    global_micro, per_gpu = config.log_prob_micro_batch_size, config.log_prob_micro_batch_size_per_gpu
+    return forward_plan(key, global_micro, per_gpu, config.log_prob_use_dynamic_bsz, max_tokens, dp_size)
+
+
+def critic_forward_plan(config: CriticConfig, dp_size: int) -> BatchPlan:
+    """``compute_values`` from ``critic.forward_*`` keys (dynamic batching follows ``use_dynamic_bsz``)."""
+    max_tokens = config.forward_max_token_len_per_gpu * config.ulysses_sequence_parallel_size
+    global_micro, per_gpu = config.forward_micro_batch_size, config.forward_micro_batch_size_per_gpu
+    key = "critic.forward_micro_batch_size"
+    return forward_plan(key, global_micro, per_gpu, config.use_dynamic_bsz, max_tokens, dp_size)
+
+
+def _update_plan(cfg: PPOBatchConfig, dp_size: int | None, prefix: str) -> BatchPlan:
+    """``dp_size=None``: the config already holds per-rank sizes (see :func:`per_rank_update_plan`)."""
+    if dp_size is None:
+        micro, mini = cfg.ppo_micro_batch_size_per_gpu, cfg.ppo_mini_batch_size
+    else:
+        key, global_micro = f"{prefix}.ppo_micro_batch_size", cfg.ppo_micro_batch_size
+        micro = per_gpu_micro_batch(key, global_micro, cfg.ppo_micro_batch_size_per_gpu, dp_size)
+        mini = cfg.mini_batch_responses_per_rank(dp_size)
+        if not cfg.use_dynamic_bsz and (micro is None or mini % micro):
+            raise ConfigError(
+                f"{prefix}.ppo_micro_batch_size_per_gpu",
+                f"({micro}) must be set and divide the {mini} responses per GPU per mini-batch "
+                f"({prefix}.ppo_mini_batch_size x rollout.n / {dp_size} ranks)",
+            )
+    max_tokens = cfg.ppo_max_token_len_per_gpu * cfg.ulysses_sp_size
+    return BatchPlan(micro, cfg.use_dynamic_bsz, max_tokens, mini, cfg.ppo_epochs, cfg.shuffle, cfg.data_loader_seed)
 
 
 def actor_update_plan(actor_config: PPOBatchConfig, dp_size: int) -> BatchPlan:
@@ -162,14 +157,5 @@ def critic_update_plan(critic_config: PPOBatchConfig, dp_size: int) -> BatchPlan
 
 def per_rank_update_plan(cfg: PPOBatchConfig) -> BatchPlan:
     """The plan of a ``DataParallelPPOActor``/``Critic`` built without one (upstream's contract for those classes:
-    their config already holds per-rank sizes, ``ppo_mini_batch_size`` in responses). The workers always pass the
-    plan of :func:`actor_update_plan` / :func:`critic_update_plan` instead."""
-    return BatchPlan(
-        micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
-        use_dynamic_bsz=cfg.use_dynamic_bsz,
-        max_token_len=cfg.ppo_max_token_len_per_gpu * cfg.ulysses_sp_size,
-        mini_batch_size=cfg.ppo_mini_batch_size,
-        epochs=cfg.ppo_epochs,
-        shuffle=cfg.shuffle,
-        seed=cfg.data_loader_seed,
-    )
+    their config holds per-rank sizes, ``ppo_mini_batch_size`` in responses); the workers pass theirs."""
+    return _update_plan(cfg, None, "")

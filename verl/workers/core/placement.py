@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -24,6 +23,7 @@ from verl.utils.fsdp_utils import (
     offload_fsdp_model_to_cpu,
     offload_fsdp_optimizer,
 )
+from verl.workers.config.engine import FSDPEngineConfig
 
 __all__ = ["Placement"]
 
@@ -46,7 +46,7 @@ class Placement:
     optimizer: torch.optim.Optimizer | None = None
 
     @classmethod
-    def from_config(cls, fsdp_config: Any, forward_only: bool) -> Placement:
+    def from_config(cls, fsdp_config: FSDPEngineConfig, forward_only: bool) -> Placement:
         """The rule of a role's ``fsdp_config`` (``param_offload``, ``optimizer_offload``, ``offload_policy``)."""
         fsdp_owns_params = bool(fsdp_config.offload_policy) or forward_only
         return cls(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from verl.protocol import DataProto
+from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug.performance import timed
 from verl.utils.device import get_platform
@@ -20,7 +21,7 @@ from verl.workers.rollout.base import generation_seed
 if TYPE_CHECKING:
     from verl.trainer.config.ppo_trainer import ActorRolloutRefConfig
 
-__all__ = ["ROLES", "WorkerRoles", "actor_rollout_ref_config", "critic_config", "generate_sequences"]
+__all__ = ["CheckpointRPC", "WorkerRoles", "actor_rollout_ref_config", "critic_config", "generate_sequences"]
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
@@ -44,6 +45,29 @@ class WorkerRoles:
     def require(self, condition: bool, method: str, needed: str) -> None:
         if not condition:
             raise RuntimeError(f"{method} needs a worker with the {needed} role; this worker's role is {self.name!r}")
+
+
+class CheckpointRPC:
+    """``save_checkpoint`` / ``load_checkpoint`` of a role worker (both paths): :meth:`_checkpointer` names what
+    saves (checkpoint manager, engine) and the scope it needs (the legacy placement: state on the device)."""
+
+    def _checkpointer(self, method: str) -> tuple[Any, contextlib.AbstractContextManager]:
+        raise NotImplementedError
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(
+        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
+    ) -> None:
+        """Model/optimizer/lr-schedule/RNG (+ HF export with ``hf_model``) of the trained model, atomically."""
+        owner, scope = self._checkpointer("save_checkpoint")
+        with scope:
+            owner.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        owner, scope = self._checkpointer("load_checkpoint")
+        with scope:
+            owner.load_checkpoint(local_path, hdfs_path, del_local_after_load)
 
 
 def actor_rollout_ref_config(config: Any) -> ActorRolloutRefConfig:

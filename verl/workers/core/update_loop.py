@@ -1,18 +1,12 @@
-"""The loops of both worker paths: epochs × mini-batches × micro-batches, and the forward-only pass.
+"""The loops of both worker paths (the legacy ``DataParallelPPOActor``/``Critic`` and the engine's
+``TrainingWorker.run_mini_batches`` / ``BaseEngine.train_batch`` / ``FSDPEngine.forward_backward_batch``)::
 
-::
+    run_mini_batches   plan.epochs passes, one train_step per mini-batch of plan.mini_batch_size rows
+      optimizer_step   zero_grad → forward_backward → clipped step
+        forward_backward   every micro-batch: forward → loss → backward (gradients accumulate)
+    forward_only       every micro-batch: forward without a graph; outputs in input row order
 
-    run_mini_batches(data, plan, train_step)   plan.epochs passes; one train_step per mini-batch of plan rows
-      train_step → optimizer_step(...)          zero_grad → forward_backward(...) → clipped step
-        forward_backward(data, plan, forward, loss_fn)
-                                                every micro-batch: forward → loss → backward
-    forward_only(data, plan, forward)          every micro-batch: forward without a graph; outputs in input order
-
-The legacy ``DataParallelPPOActor``/``DataParallelPPOCritic`` and the engine (``TrainingWorker.run_mini_batches``,
-``BaseEngine.train_batch``, ``FSDPEngine.forward_backward_batch``) call these functions; the paths differ only in
-what they pass as the per-micro-batch ``forward`` (``verl.workers.core.micro_forward``) and ``loss_fn``
-(``verl.workers.core.losses``), which are the same functions too. Loss terms of a micro-batch are normalised by the
-global counts of its whole mini-batch (``micro_batching``), so the accumulated gradient is exact for any split.
+The paths pass the same per-micro-batch ``forward`` (``core.micro_forward``) and ``loss_fn`` (``core.losses``).
 """
 
 from __future__ import annotations
@@ -30,16 +24,7 @@ from verl.workers.core.losses import MetricAccumulator
 from verl.workers.core.micro_batching import GlobalBatchInfo, global_batch_info, iter_mini_batches, restore_order
 from verl.workers.core.optimizer_step import StepResult
 
-__all__ = [
-    "ENGINE_METRICS",
-    "ForwardFn",
-    "LossFn",
-    "forward_backward",
-    "forward_only",
-    "optimizer_step",
-    "prefixed_engine_metrics",
-    "run_mini_batches",
-]
+__all__ = ["forward_backward", "forward_only", "optimizer_step", "prefixed_engine_metrics", "run_mini_batches"]
 
 ForwardFn = Callable[[DataProto], dict[str, torch.Tensor]]
 """The model forward of one micro-batch: ``{name: (b, R) tensor}``."""
@@ -61,11 +46,11 @@ def forward_backward(
     dp_group: dist.ProcessGroup | None = None,
     micro_batch_key: str = "micro_batch_size_per_gpu (ppo_/log_prob_/forward_ prefixed)",
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Forward (and, with ``backward``, backward) every micro-batch of ``data``; gradients accumulate.
+    """Forward (with ``backward``: and backward) every micro-batch of ``data``. Loss terms are normalised by the
+    global counts of the whole ``data`` (``micro_batching``), so the accumulated gradient is exact for any split.
 
-    Returns ``(model_output, metrics)``: the detached outputs ``{name: (B, R)}`` in ``data``'s row order when not
-    ``backward`` (training keeps none), and the loss metrics of the whole ``data`` (``MetricAccumulator``: loss
-    terms summed over micro-batches, ratios averaged) when ``loss_fn`` is given.
+    Returns the detached outputs ``{name: (B, R)}`` in ``data``'s row order (none when training) and the loss
+    metrics of ``data`` (``MetricAccumulator``).
     """
     micro_batches, indices = plan.split(data, dp_group, micro_batch_key)
     info = global_batch_info(data.batch["response_mask"], dp_group) if loss_fn is not None else None
@@ -105,11 +90,8 @@ def optimizer_step(
     zero_grad: Callable[[], None],
     step: Callable[[], StepResult],
 ) -> dict[str, float]:
-    """One optimizer step over a mini-batch: drop old gradients, accumulate this mini-batch's, clip and step.
-
-    Returns the mini-batch's loss metrics plus ``grad_norm`` (before clipping) and ``skipped_steps`` (1.0 when the
-    norm was not finite and the step was skipped, see ``clip_grad_and_step``).
-    """
+    """One optimizer step: the loss metrics plus ``grad_norm`` (before clipping) and ``skipped_steps`` (1.0 when a
+    non-finite norm skipped the step, ``clip_grad_and_step``)."""
     zero_grad()
     metrics = forward_backward_fn()
     result = step()

@@ -8,15 +8,10 @@ are written only against this class, so FSDP1/FSDP2 and VeOmni are interchangeab
 ``EngineRegistry.new(model_type, backend, ...)``.
 
 Data contract of this distribution: ``forward_backward_batch`` takes a padded ``DataProto`` (the format both worker
-paths and the trainer share), with per-call switches in ``meta_info`` (``temperature``, ``micro_batch_size``,
-``use_dynamic_bsz``, ``max_token_len``, ``calculate_entropy``). Upstream passes a jagged ``TensorDict`` instead; the
-packing happens here inside the shared core (``verl.workers.core.model_forward``), once, for both paths.
-
-A loss function has the signature ``loss_fn(model_output, micro_batch, info) -> (loss, metrics)`` with
-``model_output`` the core's outputs (``log_probs``/``entropys`` or ``values``, each ``(b, R)``), ``micro_batch`` the
-micro-batch's ``TensorDict`` and ``info`` the mini-batch's :class:`~verl.workers.core.micro_batching.GlobalBatchInfo`
-(upstream passes the dp group and lets the loss reduce; the global counts are computed once per mini-batch here so
-gradient accumulation is exact for any micro-batch split). See ``verl.workers.engine.losses``.
+paths share) with per-call switches in ``meta_info`` (``core.batch_plan``); upstream passes a jagged ``TensorDict``,
+the packing happens inside the shared core instead. A loss function is ``loss_fn(model_output, micro_batch, info)
+-> (loss, metrics)`` with ``info`` the mini-batch's global counts (``core.update_loop.LossFn``; upstream passes the
+dp group instead), see ``verl.workers.engine.losses``.
 """
 
 from __future__ import annotations

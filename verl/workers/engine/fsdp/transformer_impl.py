@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,10 @@ from verl.utils.fsdp_utils import (
     check_strategy,
     create_device_mesh,
 )
+from verl.workers.config.critic import FSDPCriticModelCfg
+from verl.workers.config.engine import FSDPEngineConfig, VeOmniEngineConfig
+from verl.workers.config.model import HFModelConfig
+from verl.workers.config.optimizer import OptimizerConfig
 from verl.workers.core.batch_plan import BatchPlan, ForwardSwitches
 from verl.workers.core.fsdp_model import FSDPModel, build_fsdp_model
 from verl.workers.core.micro_forward import policy_forward, value_forward
@@ -37,6 +41,9 @@ from verl.workers.core.parallel_layout import DataSequenceLayout
 from verl.workers.core.placement import Placement
 from verl.workers.core.update_loop import forward_backward
 from verl.workers.engine.base import BaseEngine, EngineRegistry, LossFunction
+
+if TYPE_CHECKING:
+    from verl.trainer.config.config import CheckpointConfig
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +70,10 @@ class FSDPEngine(BaseEngine):
 
     def __init__(
         self,
-        model_config: Any,
-        engine_config: Any,
-        optimizer_config: Any = None,
-        checkpoint_config: Any = None,
+        model_config: HFModelConfig | FSDPCriticModelCfg,
+        engine_config: FSDPEngineConfig | VeOmniEngineConfig,
+        optimizer_config: OptimizerConfig | None = None,
+        checkpoint_config: CheckpointConfig | None = None,
         *,
         processing_class: Any = None,
         role: str = "actor_rollout_ref.actor",
@@ -271,10 +278,10 @@ class FSDPEngineWithLMHead(FSDPEngine):
 
     def __init__(
         self,
-        model_config: Any,
-        engine_config: Any,
-        optimizer_config: Any = None,
-        checkpoint_config: Any = None,
+        model_config: HFModelConfig | FSDPCriticModelCfg,
+        engine_config: FSDPEngineConfig,
+        optimizer_config: OptimizerConfig | None = None,
+        checkpoint_config: CheckpointConfig | None = None,
         **kwargs: Any,
     ):
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, **kwargs)
