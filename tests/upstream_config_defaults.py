@@ -34,7 +34,7 @@ FSDP_OPTIM = "the optimizer of every role here is FSDPOptimizerConfig (optim/fsd
 RUNTIME = "runtime state, not a config key: the workers load the tokenizer, processor and HF config themselves"
 PER_CALL = (
     "per-call batch settings (dynamic bsz, token budgets, micro-batch sizes, remove-padding, fused kernels) travel "
-    "in the batch plan (verl.workers.engine.worker_utils.BatchPlan), not on the engine config"
+    "in the batch plan (verl.workers.core.batch_plan.BatchPlan), not on the engine config"
 )
 LORA = "LoRA is not implemented (model.lora_rank > 0 is refused)"
 NO_ROUTER_REPLAY = (

@@ -8,7 +8,7 @@ fields, so each default has exactly one home (the dataclass field) and typos fai
   upstream, over properties and runtime attributes (`cfg["n_gpus"]`); `keys()`, `items()`, `len(cfg)` and
   iteration cover the declared fields only;
 * frozen after construction: re-assigning a field raises `dataclasses.FrozenInstanceError`, except for the
-  names a subclass lists in `_mutable_fields` (per-rank batch sizes a worker normalises, for instance);
+  names a subclass lists in `_mutable_fields` (the rollout's `max_model_len`, which a server may shrink, for instance);
 * closed for config keys: a key that is not a field is refused when the config is built (by
   `omega_conf_to_dataclass`, naming the full key path). After construction, code may attach runtime attributes
   that are not config keys (upstream sets e.g. `model_config.share_embeddings_and_output_weights` or

@@ -4,7 +4,9 @@ Invariant: a worker of local rank ``r`` binds device ``r`` when its process sees
 set ``ASCEND_RT_VISIBLE_DEVICES``: ``RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1``, as the Ascend recipes
 export, or torchrun), and device 0 when Ray gave the process its one device (the variable names one id). The
 legacy path used to bind device 0 in the first case (every rank of a node on one NPU) and the engine path device
-``r`` in the second (an invalid ordinal for every local rank but 0).
+``r`` in the second (an invalid ordinal for every local rank but 0); both now start through
+``verl.workers.core.process_group.init_process_group``, called here with the coordinates from the environment and
+with explicit ones.
 """
 
 from __future__ import annotations
@@ -33,17 +35,16 @@ def _bind_on_both_paths(rank: int, ports: tuple[int, int], visible: int, local_r
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     with simulated_ascend(device_count=visible):
         from verl.utils.device import get_device_id, get_torch_device
-        from verl.workers.engine.worker_utils import init_process_group
-        from verl.workers.fsdp_workers import init_distributed
+        from verl.workers.core.process_group import init_process_group
 
         os.environ["MASTER_PORT"] = str(ports[0])
-        init_distributed()
-        assert get_device_id() == expected, f"legacy path bound npu:{get_device_id()}, expected npu:{expected}"
+        init_process_group()  # coordinates from RANK / WORLD_SIZE / LOCAL_RANK
+        assert get_device_id() == expected, f"env coordinates bound npu:{get_device_id()}, expected npu:{expected}"
         dist.destroy_process_group()
         get_torch_device().set_device(0)
         os.environ["MASTER_PORT"] = str(ports[1])
         init_process_group(rank=0, world_size=1, local_rank=local_rank)
-        assert get_device_id() == expected, f"engine path bound npu:{get_device_id()}, expected npu:{expected}"
+        assert get_device_id() == expected, f"explicit coordinates bound npu:{get_device_id()}, expected npu:{expected}"
         dist.destroy_process_group()
 
 

@@ -193,3 +193,24 @@ def test_actor_rollout_worker_through_ray(tmp_path):
     expected = logp.gather(-1, td["responses"].unsqueeze(-1)).squeeze(-1)
     mask = td["attention_mask"][:, -RESPONSE_LEN:].bool()
     torch.testing.assert_close(old[mask], expected[mask], rtol=0, atol=1e-5)
+
+
+def test_workers_keep_the_global_config_and_plan_per_rank(tmp_path, monkeypatch):
+    """Invariant (no field changes units): building the legacy workers leaves every batch-size key as configured
+    (ppo_mini_batch_size counts prompts) and puts the per-rank numbers in their BatchPlans. One rank:
+    2 prompts x rollout.n 2 / dp 1 = 4 responses per optimizer step, micro-batches of 1; critic 2 x 2 / 1 = 4."""
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    cfg = _config(_model_dir(tmp_path), "fsdp2")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout_ref")
+        critic = CriticWorker(cfg.critic)
+    finally:
+        dist.destroy_process_group()
+    assert (actor.actor_config.ppo_mini_batch_size, actor.actor_config.ppo_micro_batch_size_per_gpu) == (2, 1)
+    assert (actor.update_plan.mini_batch_size, actor.update_plan.micro_batch_size) == (4, 1)
+    assert actor.rollout_config.log_prob_micro_batch_size_per_gpu == 2
+    assert (critic.config.ppo_mini_batch_size, critic.update_plan.mini_batch_size) == (2, 4)

@@ -13,10 +13,12 @@ names, the same ``DataProto`` in and out, the same n-d mesh dispatch — so ``Ra
                             ``train_batch``, ``infer_batch``, ``to``, checkpoints
 ==========================  =========================================================================================
 
-Where the maths lives: the engines (``verl/workers/engine``) build their model with the core's ``build_fsdp_model``
-and run the shared core (``verl/workers/core``); the update loop (PPO epochs × mini-batches, one optimizer step each)
-is ``DataParallelPPOActor``'s. ``tests/workers/test_legacy_vs_engine.py`` checks that both paths give the same
-log-probs, losses, grad norms and weights.
+Where the work lives: the engines (``verl/workers/engine``) build their model with the core's ``build_fsdp_model``;
+the loops (PPO epochs × mini-batches × micro-batches, one clipped optimizer step per mini-batch, and the forward-only
+pass) are ``verl.workers.core.update_loop``'s, the per-rank sizes ``verl.workers.core.batch_plan``'s, offload
+``verl.workers.core.placement``'s, role parsing and generation ``verl.workers.core.roles``' — the same functions the
+legacy ``fsdp_workers`` call, so the classes here are RPC surfaces. ``tests/workers/test_legacy_vs_engine.py``
+checks that both paths give the same log-probs, losses, grad norms and weights.
 """
 
 from __future__ import annotations
@@ -25,20 +27,39 @@ import contextlib
 import logging
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
-from verl.utils.config import omega_conf_to_dataclass
-from verl.utils.debug.performance import memory_metrics, timed
-from verl.utils.device import get_device_id, get_device_name, get_platform
-from verl.utils.py_functional import append_to_dict
+from verl.utils.debug.performance import memory_metrics
+from verl.utils.device import get_platform
+from verl.workers.config.critic import FSDPCriticConfig, FSDPCriticModelCfg
+from verl.workers.config.engine import FSDPEngineConfig, VeOmniEngineConfig
+from verl.workers.config.model import HFModelConfig
+from verl.workers.config.optimizer import OptimizerConfig
+from verl.workers.config.ref import RefConfig
+from verl.workers.config.rollout import RolloutConfig
+from verl.workers.core.batch_plan import (
+    BatchPlan,
+    actor_update_plan,
+    critic_forward_plan,
+    critic_update_plan,
+    log_prob_plan,
+)
 from verl.workers.core.losses import bind_rollout_correction
-from verl.workers.core.micro_batching import iter_mini_batches
+from verl.workers.core.micro_forward import MODEL_INPUT_KEYS, select_inputs
 from verl.workers.core.parallel_layout import dp_sp_coordinates
+from verl.workers.core.process_group import init_process_group
+from verl.workers.core.roles import (
+    CheckpointRPC,
+    WorkerRoles,
+    actor_rollout_ref_config,
+    critic_config,
+    generate_sequences,
+)
 from verl.workers.core.routing import (
     ROUTED_EXPERTS,
     ROUTER_REPLAY_META_KEY,
@@ -46,32 +67,23 @@ from verl.workers.core.routing import (
     router_replay_mode,
     routing_keys,
 )
+from verl.workers.core.update_loop import prefixed_engine_metrics, run_mini_batches
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.base import LossFunction
 from verl.workers.engine.losses import ppo_loss, value_loss
-from verl.workers.engine.worker_utils import (
-    BatchPlan,
-    actor_update_plan,
-    critic_update_plan,
-    forward_plan,
-    init_process_group,
-    prefixed_engine_metrics,
-)
-from verl.workers.rollout.base import generation_seed
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.trainer.config.ppo_trainer import ActorRolloutRefConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "TrainingWorker", "TrainingWorkerConfig"]
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
-_ACTOR_UPDATE_KEYS = ("responses", "input_ids", "attention_mask", "position_ids", "response_mask", "old_log_probs",
-                      "advantages")  # fmt: skip
-_CRITIC_UPDATE_KEYS = ("responses", "input_ids", "attention_mask", "position_ids", "response_mask", "values", "returns")
-
-
-def _device() -> torch.device:
-    name = get_device_name()
-    return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
+_ACTOR_UPDATE_KEYS = (*MODEL_INPUT_KEYS, "response_mask", "old_log_probs", "advantages")
+_CRITIC_UPDATE_KEYS = (*MODEL_INPUT_KEYS, "response_mask", "values", "returns")
 
 
 @dataclass(frozen=True)
@@ -88,14 +100,14 @@ class TrainingWorkerConfig:
     """
 
     model_type: str
-    model_config: Any
-    engine_config: Any
-    optimizer_config: Any = None
-    checkpoint_config: Any = None
+    model_config: HFModelConfig | FSDPCriticModelCfg
+    engine_config: FSDPEngineConfig | VeOmniEngineConfig
+    optimizer_config: OptimizerConfig | None = None
+    checkpoint_config: CheckpointConfig | None = None
     profiler_config: Any = None
 
 
-class TrainingWorker(Worker):
+class TrainingWorker(CheckpointRPC, Worker):
     """One engine on every rank: forward/backward over ``DataProto`` batches with a loss function.
 
     Usable as a Ray worker (mesh ``train``) and in-process by the role workers below.
@@ -149,21 +161,19 @@ class TrainingWorker(Worker):
         self.engine.to(device, model=model, optimizer=optimizer, grad=grad)
 
     def run_mini_batches(self, data: DataProto, plan: BatchPlan) -> dict[str, list[float]]:
-        """``plan.epochs`` passes over ``data``, one clipped optimizer step per mini-batch of ``plan`` rows.
+        """``plan.epochs`` passes over ``data``, one clipped optimizer step (``engine.train_batch``) per mini-batch of
+        ``plan`` rows: the core's ``run_mini_batches``. Returns the per-mini-batch metrics (loss terms,
+        ``grad_norm``, ``skipped_steps``) as lists."""
+        loss_fn = self._require_loss_fn()
+        data.meta_info.update(plan.meta_info())
+        with self.engine.train_mode():
+            train_step = lambda mini_batch: self.engine.train_batch(mini_batch, loss_fn)["metrics"]  # noqa: E731
+            return run_mini_batches(data, plan, train_step, self.engine.optimizer_zero_grad)
 
-        Returns the per-mini-batch metrics (loss terms, ``grad_norm``, ``skipped_steps``) as lists.
-        """
+    def _require_loss_fn(self) -> LossFunction:
         if self.loss_fn is None:
             raise RuntimeError("TrainingWorker has no loss function: call set_loss_fn(loss_fn) before training")
-        data.meta_info.update(plan.meta_info())
-        metrics: dict[str, list[float]] = {}
-        with self.engine.train_mode():
-            for _, mini_batch in iter_mini_batches(data, plan.mini_batch_size, plan.epochs, plan.shuffle, plan.seed):
-                output = self.engine.train_batch(mini_batch, self.loss_fn)
-                output["metrics"]["skipped_steps"] = float(self.engine.last_step_skipped)
-                append_to_dict(metrics, output["metrics"])
-            self.engine.optimizer_zero_grad()
-        return metrics
+        return self.loss_fn
 
     def infer(self, data: DataProto) -> dict[str, torch.Tensor]:
         """Forward-only outputs ``{name: (B, R)}`` in input row order (sizes and switches in ``data.meta_info``)."""
@@ -175,45 +185,28 @@ class TrainingWorker(Worker):
         """Mini-batch training driven by ``data.meta_info`` (per-rank sizes): ``mini_batch_size``, ``epochs``,
         ``shuffle``, ``seed``, ``micro_batch_size`` or ``use_dynamic_bsz`` + ``max_token_len``, and the forward's
         switches (``temperature``, ``calculate_entropy``). Steps the lr schedule once; metrics in ``meta_info``."""
-        metrics = self.run_mini_batches(data.to(_device()), BatchPlan.from_meta_info(data.meta_info))
+        plan = BatchPlan.from_meta_info(data.meta_info, training=True)
+        metrics = self.run_mini_batches(data.to(get_platform().device()), plan)
         metrics["lr"] = [self.engine.lr_scheduler_step()]
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
     def train_batch(self, data: DataProto) -> DataProto:
         """One optimizer step over the whole (per-rank) batch; metrics in ``meta_info``."""
-        if self.loss_fn is None:
-            raise RuntimeError("TrainingWorker has no loss function: call set_loss_fn(loss_fn) before training")
+        loss_fn = self._require_loss_fn()
         with self.engine.train_mode():
-            output = self.engine.train_batch(data.to(_device()), self.loss_fn)
+            output = self.engine.train_batch(data.to(get_platform().device()), loss_fn)
         return DataProto(meta_info={"metrics": output["metrics"]})
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"))
     def infer_batch(self, data: DataProto) -> DataProto:
-        return DataProto.from_dict(tensors=self.infer(data.to(_device()))).to("cpu")
+        return DataProto.from_dict(tensors=self.infer(data.to(get_platform().device()))).to("cpu")
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        self.engine.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
-    ) -> None:
-        self.engine.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        return self.engine, contextlib.nullcontext()
 
 
-def _select(data: DataProto, keys: list[str], method: str) -> DataProto:
-    missing = [k for k in keys if k not in data.batch.keys()]
-    if missing:
-        raise ValueError(f"{method}: the batch lacks {missing} (has {sorted(data.batch.keys())})")
-    non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
-    return data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor)
-
-
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(CheckpointRPC, Worker):
     """Actor, rollout and reference policy of the engine path (upstream name; the legacy worker's methods).
 
     Args:
@@ -221,17 +214,12 @@ class ActorRolloutRefWorker(Worker):
         role: ``actor``, ``rollout``, ``ref``, ``actor_rollout`` or ``actor_rollout_ref``.
     """
 
-    def __init__(self, config: Any, role: str, **kwargs: Any):
-        from verl.trainer.config.ppo_trainer import ActorRolloutRefConfig
-
+    def __init__(self, config: ActorRolloutRefConfig | DictConfig, role: str, **kwargs: Any):
         super().__init__()
-        if role not in ROLES:
-            raise ValueError(f"ActorRolloutRefWorker role={role!r} is not one of {ROLES}")
-        self.config = omega_conf_to_dataclass(config, ActorRolloutRefConfig)
+        self.roles = WorkerRoles.parse(role)
         self.role = role
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
-        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_actor, self._is_rollout, self._is_ref = self.roles.is_actor, self.roles.is_rollout, self.roles.is_ref
+        self.config = actor_rollout_ref_config(config)
         init_process_group(self.rank, self.world_size, self._local_rank, timeout_s=self.config.nccl_timeout)
         sp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
         sp = self.config.actor.ulysses_sp_size
@@ -300,39 +288,29 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------------------------------------ phases
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Responses for this rank's prompts; the sharding manager makes the policy's weights usable first."""
+        """Responses for this rank's prompts (``core.roles.generate_sequences``, as the legacy worker)."""
         self._require(self.rollout, "generate_sequences", "rollout")
-        prompts = prompts.to(_device())
-        tokenizer = self.config.model.tokenizer
-        prompts.meta_info.setdefault("eos_token_id", tokenizer.eos_token_id)
-        prompts.meta_info.setdefault("pad_token_id", tokenizer.pad_token_id)
-        seed = generation_seed(self.config.actor.engine_config.seed, prompts.meta_info, self._dp_rank)
-        seconds: dict[str, float] = {}
-        with contextlib.ExitStack() as stack:
-            with timed(seconds, "update_weights"):  # entering syncs the trained weights into the rollout
-                stack.enter_context(self.rollout_sharding_manager)
-            stack.enter_context(get_platform().fork_rng(seed))
-            prompts = self.rollout_sharding_manager.preprocess_data(prompts)
-            output = self.rollout.generate_sequences(prompts)
-            output = self.rollout_sharding_manager.postprocess_data(output)
-        output.meta_info["metrics"] = {"timing_s/update_weights": seconds["update_weights"]}
-        return output.to("cpu")
+        return generate_sequences(
+            self.rollout,
+            self.rollout_sharding_manager,
+            prompts,
+            self.config.model.tokenizer,
+            self.config.actor.engine_config.seed,
+            self._dp_rank,
+        )
 
     def _log_prob_meta(
-        self, data: DataProto, config: Any, key: str, calculate_entropy: bool, routing: bool = False
+        self,
+        data: DataProto,
+        config: RolloutConfig | RefConfig,
+        key: str,
+        calculate_entropy: bool,
+        routing: bool = False,
     ) -> DataProto:
-        sp = self.config.actor.ulysses_sp_size
-        plan = forward_plan(
-            key,
-            config.log_prob_micro_batch_size,
-            config.log_prob_micro_batch_size_per_gpu,
-            config.log_prob_use_dynamic_bsz,
-            config.log_prob_max_token_len_per_gpu * sp,
-            self.dp_size,
-        )
-        keys = ["responses", "input_ids", "attention_mask", "position_ids"]
+        plan = log_prob_plan(config, key, self.config.actor.ulysses_sp_size, self.dp_size)
+        keys = [*MODEL_INPUT_KEYS]
         keys += routing_keys(self.config.actor, recording=True) if routing else []
-        data = _select(data.to(_device()), keys, key)
+        data = select_inputs(data.to(get_platform().device()), keys, key)
         data.meta_info.update(
             plan.meta_info(), temperature=self.config.rollout.temperature, calculate_entropy=calculate_entropy
         )
@@ -378,7 +356,7 @@ class ActorRolloutRefWorker(Worker):
         keys = [*_ACTOR_UPDATE_KEYS, *(["ref_log_prob"] if cfg.use_kl_loss else [])]
         keys += ["rollout_is_weights"] if "rollout_is_weights" in data.batch.keys() else []
         keys += routing_keys(cfg)
-        batch = _select(data.to(_device()), keys, "update_actor")
+        batch = select_inputs(data.to(get_platform().device()), keys, "update_actor")
         batch.meta_info["calculate_entropy"] = cfg.uses_entropy
         batch.meta_info[ROUTER_REPLAY_META_KEY] = engine_routing_mode(cfg)
         lr = actor.engine.lr_scheduler.get_last_lr()[0]
@@ -388,41 +366,21 @@ class ActorRolloutRefWorker(Worker):
         metrics.update(memory_metrics())  # after the update: the step's peak includes optimizer state and grads
         return DataProto(meta_info={"metrics": metrics})
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        """Save the actor's model/optimizer/scheduler/RNG (and HF export with ``hf_model``) atomically."""
-        actor = self._require(self.actor if self._is_actor else None, "save_checkpoint", "actor")
-        actor.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
-    ) -> None:
-        actor = self._require(self.actor if self._is_actor else None, "load_checkpoint", "actor")
-        actor.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        return self._require(self.actor if self._is_actor else None, method, "actor"), contextlib.nullcontext()
 
 
-class CriticWorker(Worker):
+class CriticWorker(CheckpointRPC, Worker):
     """Value model of the engine path, with the legacy critic's method names. ``config``: the ``critic`` node."""
 
-    def __init__(self, config: Any, **kwargs: Any):
-        from verl.workers.config import FSDPCriticConfig
-
+    def __init__(self, config: FSDPCriticConfig | DictConfig, **kwargs: Any):
         super().__init__()
-        self.config = omega_conf_to_dataclass(config, FSDPCriticConfig)
+        self.config = critic_config(config)
         init_process_group(self.rank, self.world_size, self._local_rank)
         sp_key = "critic.ulysses_sequence_parallel_size"
         sp = self.config.ulysses_sequence_parallel_size
         self.dp_size, dp_rank, sp_rank = dp_sp_coordinates(self.rank, self.world_size, sp, sp_key)
         self._register_dispatch_collect_info("critic", dp_rank, sp_rank == 0)
-        if "hf_model" in self.config.checkpoint.save_contents:
-            raise ValueError(
-                "critic.checkpoint.save_contents contains 'hf_model', but the value model (a causal LM with a one-unit "
-                "head) has no HF export; remove 'hf_model' (the sharded checkpoint resumes the critic)"
-            )
         self.critic: TrainingWorker | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -442,18 +400,8 @@ class CriticWorker(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, R) of this rank's shard."""
-        cfg = self.config
-        plan = forward_plan(
-            "critic.forward_micro_batch_size",
-            cfg.forward_micro_batch_size,
-            cfg.forward_micro_batch_size_per_gpu,
-            cfg.use_dynamic_bsz,
-            cfg.forward_max_token_len_per_gpu * cfg.ulysses_sequence_parallel_size,
-            self.dp_size,
-        )
-        data = _select(
-            data.to(_device()), ["responses", "input_ids", "attention_mask", "position_ids"], "compute_values"
-        )
+        plan = critic_forward_plan(self.config, self.dp_size)
+        data = select_inputs(data.to(get_platform().device()), MODEL_INPUT_KEYS, "compute_values")
         data.meta_info.update(plan.meta_info())
         return DataProto.from_dict(tensors={"values": self._require_critic().infer(data)["values"]}).to("cpu")
 
@@ -462,7 +410,7 @@ class CriticWorker(Worker):
         """Value-function update (``ppo_epochs`` × mini-batches); ``critic/vf_loss``, ``critic/grad_norm``,
         ``critic/lr`` ... (one value per mini-batch)."""
         critic = self._require_critic()
-        batch = _select(data.to(_device()), list(_CRITIC_UPDATE_KEYS), "update_critic")
+        batch = select_inputs(data.to(get_platform().device()), _CRITIC_UPDATE_KEYS, "update_critic")
         lr = critic.engine.lr_scheduler.get_last_lr()[0]
         plan = critic_update_plan(self.config, self.dp_size)
         metrics = prefixed_engine_metrics(critic.run_mini_batches(batch, plan), "critic")
@@ -470,14 +418,5 @@ class CriticWorker(Worker):
         metrics["critic/lr"] = lr
         return DataProto(meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        self._require_critic().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False
-    ) -> None:
-        self._require_critic().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        return self._require_critic(), contextlib.nullcontext()

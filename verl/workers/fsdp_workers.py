@@ -12,145 +12,58 @@ Each worker is one process of a worker group; the driver reaches it only through
     save_checkpoint / load_checkpoint                                    every rank
 
 Every data-parallel rank gets its own shard of the batch (n-d mesh dispatch); with Ulysses SP
-(``ulysses_sequence_parallel_size`` = sp) the sp ranks of one group share a shard and split its token stream. The maths is
-in ``verl.workers.core`` (shared with the engine path); this module wires configs, models, offload and RPC.
-
-Offload (``fsdp_config.param_offload`` / ``optimizer_offload``): parameters and optimizer state live on the host
-between phases and are moved to the device around each phase, so every tensor a phase touches — including
-``state_dict`` in checkpointing — is on ONE device (field-report item 10).
+(``ulysses_sequence_parallel_size`` = sp) the sp ranks of one group share a shard and split its token stream. The
+maths and the orchestration are in ``verl.workers.core`` (shared with the engine path): the loops
+(``update_loop``), per-rank sizes (``batch_plan``: the config keeps its global values), offload (``placement``:
+parameters and optimizer state on the host between phases, so every tensor a phase touches is on ONE device), role
+parsing and generation (``roles``). This module wires models and RPC.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import logging
-import os
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-from verl.utils.config import omega_conf_to_dataclass
-from verl.utils.debug.performance import memory_metrics, timed
-from verl.utils.device import (
-    get_device_id,
-    get_device_name,
-    get_local_device_index,
-    get_nccl_backend,
-    get_platform,
-    get_torch_device,
-)
-from verl.utils.fsdp_utils import (
-    create_device_mesh,
-    load_fsdp_model_to_gpu,
-    load_fsdp_optimizer,
-    offload_fsdp_model_to_cpu,
-    offload_fsdp_optimizer,
-)
+from verl.utils.debug.performance import memory_metrics
+from verl.utils.device import get_platform
+from verl.utils.fsdp_utils import create_device_mesh
 from verl.workers.actor.dp_actor import DataParallelPPOActor
-from verl.workers.config.actor import FSDPActorConfig
-from verl.workers.config.batch import per_gpu_micro_batch
+from verl.workers.config.actor import ActorConfig
 from verl.workers.config.critic import FSDPCriticConfig
-from verl.workers.config.model import HFModelConfig
-from verl.workers.config.ref import FSDPRefConfig
+from verl.workers.config.ref import RefConfig
 from verl.workers.config.rollout import RolloutConfig
+from verl.workers.core.batch_plan import actor_update_plan, critic_forward_plan, critic_update_plan, log_prob_plan
 from verl.workers.core.fsdp_model import build_fsdp_model
 from verl.workers.core.losses import bind_rollout_correction
 from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.parallel_layout import DataSequenceLayout
+from verl.workers.core.placement import Placement
+from verl.workers.core.process_group import init_process_group
+from verl.workers.core.roles import (
+    CheckpointRPC,
+    WorkerRoles,
+    actor_rollout_ref_config,
+    critic_config,
+    generate_sequences,
+)
 from verl.workers.core.routing import router_replay_mode
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.rollout.base import generation_seed
 from verl.workers.rollout.build import build_rollout
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from verl.trainer.config.ppo_trainer import ActorRolloutRefConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker"]
-
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# process setup and config normalisation
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def init_distributed(timeout_s: int = 600) -> None:
-    """Join the worker group's process group (``get_nccl_backend()``: gloo | nccl | hccl) once per process."""
-    if dist.is_initialized():
-        return
-    if get_device_name() != "cpu":
-        get_torch_device().set_device(get_local_device_index(int(os.environ.get("LOCAL_RANK", "0"))))
-    dist.init_process_group(
-        backend=get_nccl_backend(),
-        rank=int(os.environ.get("RANK", "0")),
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-
-
-def _device() -> torch.device:
-    name = get_device_name()
-    return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
-
-
-def _set_per_rank_ppo_sizes(config: Any, dp_size: int, key_prefix: str) -> None:
-    """Global prompt counts -> responses per rank (``ppo_mini_batch_size``), global micro size -> per GPU."""
-    config.ppo_mini_batch_size = config.mini_batch_responses_per_rank(dp_size)
-    micro = per_gpu_micro_batch(
-        f"{key_prefix}.ppo_micro_batch_size", config.ppo_micro_batch_size, config.ppo_micro_batch_size_per_gpu, dp_size
-    )
-    config.ppo_micro_batch_size, config.ppo_micro_batch_size_per_gpu = None, micro
-    if not config.use_dynamic_bsz and (micro is None or config.ppo_mini_batch_size % micro):
-        raise ValueError(
-            f"{key_prefix}.ppo_micro_batch_size_per_gpu={micro} must be set and divide the {config.ppo_mini_batch_size} "
-            f"responses per GPU per mini-batch ({key_prefix}.ppo_mini_batch_size x rollout.n / {dp_size} ranks)"
-        )
-
-
-def _set_per_rank_log_prob_size(config: Any, dp_size: int, key_prefix: str) -> None:
-    config.log_prob_micro_batch_size_per_gpu = per_gpu_micro_batch(
-        f"{key_prefix}.log_prob_micro_batch_size",
-        config.log_prob_micro_batch_size,
-        config.log_prob_micro_batch_size_per_gpu,
-        dp_size,
-    )
-    config.log_prob_micro_batch_size = None
-
-
-class _Placement:
-    """Moves one model's parameters / optimizer state to the device around a phase when they are offloaded."""
-
-    def __init__(self, module: torch.nn.Module, optimizer: Any, param_offload: bool, optimizer_offload: bool):
-        self.module, self.optimizer = module, optimizer
-        self.param_offload, self.optimizer_offload = param_offload, optimizer_offload
-
-    def offload(self) -> None:
-        if self.param_offload:
-            offload_fsdp_model_to_cpu(self.module)
-        if self.optimizer_offload and self.optimizer is not None:
-            offload_fsdp_optimizer(self.optimizer)
-
-    @contextlib.contextmanager
-    def on_device(self, optimizer: bool = False) -> Iterator[None]:
-        if self.param_offload:
-            load_fsdp_model_to_gpu(self.module, _device())
-        if optimizer and self.optimizer_offload and self.optimizer is not None:
-            load_fsdp_optimizer(self.optimizer, _device())
-        try:
-            yield
-        finally:
-            self.offload()
-
-
-def _as(config: Any, cls: type) -> Any:
-    return omega_conf_to_dataclass(config, cls)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -158,44 +71,36 @@ def _as(config: Any, cls: type) -> Any:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(CheckpointRPC, Worker):
     """Policy worker: any combination of actor (training), rollout (generation) and reference policy.
 
     Args:
-        config: the ``actor_rollout_ref`` config node (DictConfig or dataclass-like with ``model``, ``actor``,
-            ``rollout``, ``ref``).
+        config: ``actor_rollout_ref``: an ``ActorRolloutRefConfig`` or its DictConfig node (converted once).
         role: ``actor`` | ``rollout`` | ``ref`` | ``actor_rollout`` | ``actor_rollout_ref``.
     """
 
-    def __init__(self, config: Any, role: str, **kwargs: Any):
+    def __init__(self, config: ActorRolloutRefConfig | DictConfig, role: str, **kwargs: Any):
         super().__init__()
-        if role not in ROLES:
-            raise ValueError(f"ActorRolloutRefWorker role={role!r} is not one of {ROLES}")
+        self.roles = WorkerRoles.parse(role)
         self.role = role
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
-        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
-        init_distributed(int(config.nccl_timeout) if "nccl_timeout" in config else 600)
-        self.config = config
-        self.model_config: HFModelConfig = _as(config.model, HFModelConfig)
-        self.actor_config: FSDPActorConfig = _as(config.actor, FSDPActorConfig)
-        self.rollout_config: RolloutConfig = _as(config.rollout, RolloutConfig)
-        self.ref_config: FSDPRefConfig | None = _as(config.ref, FSDPRefConfig) if self._is_ref else None
+        self._is_actor, self._is_rollout, self._is_ref = self.roles.is_actor, self.roles.is_rollout, self.roles.is_ref
+        self.config = actor_rollout_ref_config(config)
+        init_process_group(self.rank, self.world_size, self._local_rank, timeout_s=self.config.nccl_timeout)
+        self.model_config = self.config.model
+        self.actor_config = self.config.actor
+        self.rollout_config: RolloutConfig = self.config.rollout
+        self.ref_config: RefConfig | None = self.config.ref if self._is_ref else None
         sp_key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
         self.layout = DataSequenceLayout.from_world(self.actor_config.ulysses_sequence_parallel_size, sp_key)
         self.layout.build_groups()
         self.dp_size = self.layout.dp_size
         for mesh_name in ("actor", "rollout", "ref"):
             self._register_dispatch_collect_info(mesh_name, self.layout.dp_rank, self.layout.is_collect)
-        if self._is_actor:
-            _set_per_rank_ppo_sizes(self.actor_config, self.dp_size, "actor_rollout_ref.actor")
-        _set_per_rank_log_prob_size(self.rollout_config, self.dp_size, "actor_rollout_ref.rollout")
-        if self._is_ref:
-            _set_per_rank_log_prob_size(self.ref_config, self.dp_size, "actor_rollout_ref.ref")
+        self.update_plan = actor_update_plan(self.actor_config, self.dp_size) if self._is_actor else None
         self.actor = self.rollout = self.ref_policy = self.checkpoint_manager = None
 
     # ------------------------------------------------------------------------------------------------ building
-    def _log_prob_options(self, config: Any) -> LogProbOptions:
+    def _log_prob_options(self, config: ActorConfig | RefConfig) -> LogProbOptions:
         return LogProbOptions.from_config(
             config, self.model_config.use_remove_padding, self.model_config.use_fused_kernels
         )
@@ -212,23 +117,25 @@ class ActorRolloutRefWorker(Worker):
             role="actor_rollout_ref.actor",
             freeze_vision_tower=self._is_actor and self.actor_config.freeze_vision_tower,
         )
-        self.actor_module_fsdp, self.actor_optimizer, self.actor_lr_scheduler = (
-            built.module, built.optimizer, built.lr_scheduler,
-        )  # fmt: skip
-        self._actor_placement = _Placement(
-            built.module, built.optimizer, fsdp_config.param_offload, fsdp_config.optimizer_offload
-        )
+        self.actor_module_fsdp, self.actor_optimizer = built.module, built.optimizer
+        self.actor_lr_scheduler = built.lr_scheduler
+        placement = Placement.from_config(fsdp_config, forward_only=not self._is_actor)
+        self._actor_placement = placement.bind(built.module, built.optimizer)
         self.actor = DataParallelPPOActor(
-            self.actor_config, built.module, built.optimizer, self._log_prob_options(self.actor_config),
+            self.actor_config,
+            built.module,
+            built.optimizer,
+            self._log_prob_options(self.actor_config),
+            update_plan=self.update_plan,
             **self.layout.groups(),
-        )  # fmt: skip
+        )
 
     def _build_rollout(self) -> None:
         self.rollout, self.rollout_sharding_manager = build_rollout(
             self.actor_module_fsdp,
             self.rollout_config,
             self.model_config,
-            param_offload=self.actor_config.fsdp_config.param_offload,
+            param_offload=self._actor_placement.param_offload,
             world_size=self.world_size,
             rank=self.rank,
             seed=self.actor_config.fsdp_config.seed,
@@ -273,38 +180,30 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------------------------------------ phases
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Responses for this rank's prompts (HF rollout on the actor module), sampled from the device generator
-        seeded with :func:`generation_seed` for this step and dp rank (restored afterwards)."""
-        self._require(self._is_rollout, "generate_sequences", "rollout")
-        prompts = prompts.to(_device())
-        tokenizer = self.model_config.tokenizer
-        prompts.meta_info.setdefault("eos_token_id", tokenizer.eos_token_id)
-        prompts.meta_info.setdefault("pad_token_id", tokenizer.pad_token_id)
-        seed = generation_seed(self.actor_config.fsdp_config.seed, prompts.meta_info, self.layout.dp_rank)
-        seconds: dict[str, float] = {}
-        with contextlib.ExitStack() as stack:
-            with timed(seconds, "update_weights"):  # entering syncs the trained weights into the rollout
-                stack.enter_context(self.rollout_sharding_manager)
-            stack.enter_context(get_platform().fork_rng(seed))
-            prompts = self.rollout_sharding_manager.preprocess_data(prompts)
-            output = self.rollout.generate_sequences(prompts)
-            output = self.rollout_sharding_manager.postprocess_data(output)
-        output.meta_info["metrics"] = {"timing_s/update_weights": seconds["update_weights"]}
-        return output.to("cpu")
+        """Responses for this rank's prompts (HF rollout on the actor module; ``core.roles.generate_sequences``)."""
+        self.roles.require(self._is_rollout, "generate_sequences", "rollout")
+        return generate_sequences(
+            self.rollout,
+            self.rollout_sharding_manager,
+            prompts,
+            self.model_config.tokenizer,
+            self.actor_config.fsdp_config.seed,
+            self.layout.dp_rank,
+        )
 
-    def _log_prob_meta(self, data: DataProto, config: Any) -> None:
-        data.meta_info["micro_batch_size"] = config.log_prob_micro_batch_size_per_gpu
-        data.meta_info["max_token_len"] = config.log_prob_max_token_len_per_gpu * self.layout.sp_size
-        data.meta_info["use_dynamic_bsz"] = config.log_prob_use_dynamic_bsz
-        data.meta_info["temperature"] = self.rollout_config.temperature
+    def _log_prob_data(self, data: DataProto, config: RolloutConfig | RefConfig, key: str) -> DataProto:
+        """``data`` on the device with the forward's per-rank plan and the rollout temperature in ``meta_info``."""
+        plan = log_prob_plan(config, key, self.layout.sp_size, self.dp_size)
+        data = data.to(get_platform().device())
+        data.meta_info.update(plan.meta_info(), temperature=self.rollout_config.temperature)
+        return data
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` (the trainer logs ``actor/entropy`` from them) under the current
         policy, with the rollout's log-prob micro-batching and temperature."""
-        self._require(self._is_actor, "compute_log_prob", "actor")
-        data = data.to(_device())
-        self._log_prob_meta(data, self.rollout_config)
+        self.roles.require(self._is_actor, "compute_log_prob", "actor")
+        data = self._log_prob_data(data, self.rollout_config, "actor_rollout_ref.rollout.log_prob_micro_batch_size")
         with self._actor_placement.on_device():
             out = self.actor.compute_log_prob(data, calculate_entropy=True)
         tensors = {"old_log_probs": out["log_probs"], "entropys": out["entropys"]}
@@ -312,25 +211,23 @@ class ActorRolloutRefWorker(Worker):
         # the batch: the forward replayed it)
         if "routed_experts" in out and router_replay_mode(self.actor_config) == "R2":
             tensors["routed_experts"] = out["routed_experts"]
-        return DataProto.from_dict(tensors=tensors, meta_info={"temperature": self.rollout_config.temperature}).to(
-            "cpu"
-        )
+        meta_info = {"temperature": self.rollout_config.temperature}
+        return DataProto.from_dict(tensors=tensors, meta_info=meta_info).to("cpu")
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` under the frozen reference policy (no entropy)."""
-        self._require(self._is_ref, "compute_ref_log_prob", "ref")
-        data = data.to(_device())
-        self._log_prob_meta(data, self.ref_config)
+        self.roles.require(self._is_ref, "compute_ref_log_prob", "ref")
+        data = self._log_prob_data(data, self.ref_config, "actor_rollout_ref.ref.log_prob_micro_batch_size")
         out = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": out["log_probs"]}).to("cpu")
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update on this rank's shard; returns ``meta_info["metrics"]`` (incl. ``actor/lr``)."""
-        self._require(self._is_actor, "update_actor", "actor")
+        self.roles.require(self._is_actor, "update_actor", "actor")
         bind_rollout_correction(self.actor_config, data.meta_info)
-        data = data.to(_device())
+        data = data.to(get_platform().device())
         with self._actor_placement.on_device(optimizer=True):
             metrics = self.actor.update_policy(data)
             metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
@@ -338,25 +235,9 @@ class ActorRolloutRefWorker(Worker):
         metrics.update(memory_metrics())  # after the update: the step's peak includes optimizer state and grads
         return DataProto(meta_info={"metrics": metrics})
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        """Save the actor's model/optimizer/scheduler/RNG (and HF export with ``hf_model``) atomically."""
-        self._require(self._is_actor, "save_checkpoint", "actor")
-        with self._actor_placement.on_device(optimizer=True):
-            self.checkpoint_manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
-        self._require(self._is_actor, "load_checkpoint", "actor")
-        with self._actor_placement.on_device(optimizer=True):
-            self.checkpoint_manager.load_checkpoint(local_path, hdfs_path, del_local_after_load)
-
-    def _require(self, condition: bool, method: str, needed: str) -> None:
-        if not condition:
-            raise RuntimeError(f"{method} needs a worker with the {needed} role; this worker's role is {self.role!r}")
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        self.roles.require(self._is_actor, method, "actor")
+        return self.checkpoint_manager, self._actor_placement.on_device(optimizer=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -364,30 +245,19 @@ class ActorRolloutRefWorker(Worker):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class CriticWorker(Worker):
-    """Value-model worker. ``config``: the ``critic`` config node (``FSDPCriticConfig``)."""
+class CriticWorker(CheckpointRPC, Worker):
+    """Value-model worker. ``config``: ``critic`` (``FSDPCriticConfig`` or its DictConfig node, converted once)."""
 
-    def __init__(self, config: Any, **kwargs: Any):
+    def __init__(self, config: FSDPCriticConfig | DictConfig, **kwargs: Any):
         super().__init__()
-        init_distributed()
-        self.config: FSDPCriticConfig = _as(config, FSDPCriticConfig)
+        self.config = critic_config(config)
+        init_process_group(self.rank, self.world_size, self._local_rank)
         sp_key = "critic.ulysses_sequence_parallel_size"
         self.layout = DataSequenceLayout.from_world(self.config.ulysses_sequence_parallel_size, sp_key)
         self.layout.build_groups()
         self._register_dispatch_collect_info("critic", self.layout.dp_rank, self.layout.is_collect)
-        if "hf_model" in self.config.checkpoint.save_contents:
-            raise ValueError(
-                "critic.checkpoint.save_contents contains 'hf_model', but the value model (a causal LM with a one-unit "
-                "head) has no HF export; remove 'hf_model' (the sharded checkpoint resumes the critic)"
-            )
-        _set_per_rank_ppo_sizes(self.config, self.layout.dp_size, "critic")
-        self.config.forward_micro_batch_size_per_gpu = per_gpu_micro_batch(
-            "critic.forward_micro_batch_size",
-            self.config.forward_micro_batch_size,
-            self.config.forward_micro_batch_size_per_gpu,
-            self.layout.dp_size,
-        )
-        self.config.forward_micro_batch_size = None
+        self.update_plan = critic_update_plan(self.config, self.layout.dp_size)
+        self.forward_plan = critic_forward_plan(self.config, self.layout.dp_size)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -403,13 +273,12 @@ class CriticWorker(Worker):
             value_head=True,
             role="critic",
         )
-        self.critic_module, self.critic_optimizer, self.critic_lr_scheduler = (
-            built.module, built.optimizer, built.lr_scheduler,
-        )  # fmt: skip
-        self._placement = _Placement(
-            built.module, built.optimizer, fsdp_config.param_offload, fsdp_config.optimizer_offload
+        self.critic_module, self.critic_optimizer = built.module, built.optimizer
+        self.critic_lr_scheduler = built.lr_scheduler
+        self._placement = Placement.from_config(fsdp_config, forward_only=False).bind(built.module, built.optimizer)
+        self.critic = DataParallelPPOCritic(
+            self.config, built.module, built.optimizer, update_plan=self.update_plan, **self.layout.groups()
         )
-        self.critic = DataParallelPPOCritic(self.config, built.module, built.optimizer, **self.layout.groups())
         self.checkpoint_manager = FSDPCheckpointManager(
             built.module, built.optimizer, built.lr_scheduler, checkpoint_config=self.config.checkpoint
         )
@@ -418,10 +287,8 @@ class CriticWorker(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, R) of this rank's shard."""
-        data = data.to(_device())
-        data.meta_info["micro_batch_size"] = self.config.forward_micro_batch_size_per_gpu
-        data.meta_info["max_token_len"] = self.config.forward_max_token_len_per_gpu * self.layout.sp_size
-        data.meta_info["use_dynamic_bsz"] = self.config.use_dynamic_bsz
+        data = data.to(get_platform().device())
+        data.meta_info.update(self.forward_plan.meta_info())
         with self._placement.on_device():
             values = self.critic.compute_values(data)
         return DataProto.from_dict(tensors={"values": values}).to("cpu")
@@ -429,21 +296,12 @@ class CriticWorker(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="critic"))
     def update_critic(self, data: DataProto) -> DataProto:
         """One value-function update; returns ``meta_info["metrics"]`` (incl. ``critic/lr``)."""
-        data = data.to(_device())
+        data = data.to(get_platform().device())
         with self._placement.on_device(optimizer=True):
             metrics = self.critic.update_critic(data)
             metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
             self.critic_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(
-        self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
-    ) -> None:
-        with self._placement.on_device(optimizer=True):
-            self.checkpoint_manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
-        with self._placement.on_device(optimizer=True):
-            self.checkpoint_manager.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+    def _checkpointer(self, method: str) -> tuple[Any, Any]:
+        return self.checkpoint_manager, self._placement.on_device(optimizer=True)

@@ -19,12 +19,13 @@ def test_mapping_access_like_upstream_dictconfig():
     assert "fsdp_config" in cfg and "nope" not in cfg
 
 
-def test_per_rank_sizes_are_the_only_mutable_fields():
-    """Workers may rescale the batch sizes per rank; everything else is frozen."""
+def test_batch_sizes_are_frozen_like_every_field():
+    """No field changes units after start-up: the per-rank sizes are a ``BatchPlan`` (verl.workers.core.batch_plan),
+    so the batch-size keys are frozen like every other key."""
     cfg = FSDPActorConfig(ppo_micro_batch_size_per_gpu=2)
-    cfg.ppo_mini_batch_size = 16
-    with pytest.raises(AttributeError):
-        cfg.clip_ratio = 0.3
+    for key, value in (("ppo_mini_batch_size", 16), ("ppo_micro_batch_size_per_gpu", 1), ("clip_ratio", 0.3)):
+        with pytest.raises(AttributeError):
+            setattr(cfg, key, value)
 
 
 def test_mini_batch_responses_per_rank_worked_example():

@@ -141,11 +141,12 @@ def test_mode_context_enters_and_exits_unless_auto_offload_disabled():
 
 def test_train_batch_is_zero_grad_forward_backward_step_and_infer_has_no_grad():
     """Invariant: train_batch runs zero_grad → forward_backward(forward_only=False) → optimizer_step and reports
-    the step's grad norm; infer_batch runs forward_only with gradients disabled."""
+    the step's grad norm and whether it was skipped (``last_step_skipped``, False for an engine that never skips);
+    infer_batch runs forward_only with gradients disabled."""
     engine = _RecordingEngine()
     data = DataProto.from_single_dict({"x": torch.zeros(2, 1)})
     out = engine.train_batch(data, loss_function=lambda *a: None)
-    assert out["metrics"] == {"loss": 1.5, "grad_norm": 0.25}
+    assert out["metrics"] == {"loss": 1.5, "grad_norm": 0.25, "skipped_steps": 0.0}
     engine.infer_batch(data)
     assert engine.calls == [
         "zero_grad",

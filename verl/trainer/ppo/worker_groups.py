@@ -47,7 +47,7 @@ class ActorRolloutRefGroup(_WorkerGroupFacade):
 
 
 class CriticGroup(_WorkerGroupFacade):
-    """Methods of ``CriticWorker`` (legacy) or the engine ``TrainingWorker`` as critic that the trainer calls."""
+    """Methods of ``CriticWorker`` (legacy ``fsdp_workers`` or engine ``engine_workers``) that the trainer calls."""
 
     def compute_values(self, data: DataProto) -> DataProto:
         return self.worker_group.compute_values(data)

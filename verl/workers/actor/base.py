@@ -8,6 +8,8 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.workers.config.actor import ActorConfig
+from verl.workers.config.ref import RefConfig
 
 __all__ = ["BasePPOActor"]
 
@@ -15,7 +17,7 @@ __all__ = ["BasePPOActor"]
 class BasePPOActor(ABC):
     """A policy that computes log-probs of given responses and updates itself on a batch of rollouts."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: ActorConfig | RefConfig):
         self.config = config
 
     @abstractmethod

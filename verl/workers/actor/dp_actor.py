@@ -4,51 +4,41 @@
 gradient accumulation over micro-batches, one clipped optimizer step per mini-batch) only decide *which* rows go
 through the shared core; the maths — packed forward, fused/chunked log-probs, losses, clipping — is the core's.
 
-Batch sizes are per data-parallel rank, in responses (the worker normalises the global config values):
-``ppo_mini_batch_size`` rows per optimizer step, ``ppo_micro_batch_size_per_gpu`` rows per forward/backward, or
-``ppo_max_token_len_per_gpu`` tokens per forward/backward with ``use_dynamic_bsz``.
+The loops are the core's (``verl.workers.core.update_loop``, shared with the engine path). Batch sizes per
+data-parallel rank come from a ``BatchPlan``: the worker's ``actor_update_plan`` for ``update_policy`` (the config
+keeps its global, prompt-counted values) and ``meta_info`` for ``compute_log_prob``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from verl.protocol import DataProto
-from verl.utils.py_functional import append_to_dict
 from verl.workers.actor.base import BasePPOActor
-from verl.workers.core.losses import MetricAccumulator, actor_loss
-from verl.workers.core.micro_batching import global_batch_info, iter_mini_batches, restore_order, split_micro_batches
-from verl.workers.core.model_forward import LogProbOptions, RoutingStep, forward_log_probs, multi_modal_kwargs
+from verl.workers.config.actor import ActorConfig
+from verl.workers.config.ref import RefConfig
+from verl.workers.core.batch_plan import BatchPlan, ForwardSwitches, per_rank_update_plan
+from verl.workers.core.losses import actor_loss
+from verl.workers.core.micro_forward import MODEL_INPUT_KEYS, policy_forward, select_inputs
+from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.optimizer_step import clip_grad_and_step
-from verl.workers.core.routing import replay_router, routing_keys
+from verl.workers.core.routing import engine_routing_mode, replay_router, routing_keys
+from verl.workers.core.update_loop import (
+    forward_backward,
+    forward_only,
+    optimizer_step,
+    prefixed_engine_metrics,
+    run_mini_batches,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DataParallelPPOActor"]
-
-_MODEL_INPUT_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
-
-
-def _meta(data: DataProto, key: str, caller: str) -> Any:
-    if key not in data.meta_info:
-        raise ValueError(
-            f"{caller}: data.meta_info[{key!r}] is missing; the trainer/worker sets it (temperature comes from "
-            "actor_rollout_ref.rollout.temperature)"
-        )
-    return data.meta_info[key]
-
-
-def _select(data: DataProto, keys: list[str]) -> DataProto:
-    missing = [k for k in keys if k not in data.batch.keys()]
-    if missing:
-        raise ValueError(f"the batch lacks {missing} (has {sorted(data.batch.keys())})")
-    non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
-    return data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor)
 
 
 def active_dropout(module: nn.Module) -> list[str]:
@@ -66,22 +56,25 @@ class DataParallelPPOActor(BasePPOActor):
     """PPO actor over an (FSDP-wrapped) HF causal LM.
 
     Args:
-        config: ``FSDPActorConfig`` for the actor, ``FSDPRefConfig`` for the reference policy (per-rank sizes).
+        config: ``FSDPActorConfig`` for the actor, ``FSDPRefConfig`` for the reference policy.
         actor_module: the model (plain or FSDP1/FSDP2-wrapped).
         actor_optimizer: None for a reference policy (``update_policy`` then raises).
         log_prob_options: how the forward runs; by default from the actor config's keys.
         dp_group: data-parallel process group for global token counts (default: the world).
         ulysses_group: Ulysses SP group (all its ranks hold the same data); None: no SP.
+        update_plan: per-rank sizes of ``update_policy`` (the worker's ``actor_update_plan``); None reads them
+            from ``config`` as per-rank values (upstream's contract for this class).
     """
 
     def __init__(
         self,
-        config: Any,
+        config: ActorConfig | RefConfig,
         actor_module: nn.Module,
         actor_optimizer: torch.optim.Optimizer | None = None,
         log_prob_options: LogProbOptions | None = None,
         dp_group: dist.ProcessGroup | None = None,
         ulysses_group: dist.ProcessGroup | None = None,
+        update_plan: BatchPlan | None = None,
     ):
         super().__init__(config)
         self.actor_module = actor_module
@@ -93,29 +86,24 @@ class DataParallelPPOActor(BasePPOActor):
         self.dp_group = dp_group
         self.ulysses_group = ulysses_group
         self.router = replay_router(config, actor_module)
+        self._update_plan = update_plan
 
-    def _routing(self, micro_batch: DataProto, recording: bool) -> RoutingStep | None:
-        """R2: record in the old-log-prob forward, replay in the update; R3: replay the rollout's routing in both."""
-        if self.router is None:
-            return None
-        if recording and self.config.router_replay.mode == "R2":
-            return RoutingStep(self.router, "record")
-        return RoutingStep(self.router, "replay", micro_batch.batch.get("routed_experts"))
+    @property
+    def update_plan(self) -> BatchPlan:
+        if self._update_plan is None:
+            self._update_plan = per_rank_update_plan(self.config)
+        return self._update_plan
 
-    def _forward(
-        self, micro_batch: DataProto, temperature: float, calculate_entropy: bool, recording: bool = False
-    ) -> dict[str, torch.Tensor]:
-        batch = micro_batch.batch
-        return forward_log_probs(
+    def _forward(self, micro_batch: DataProto, temperature: float, calculate_entropy: bool, recording: bool = False):
+        return policy_forward(
             self.actor_module,
-            batch,
-            response_length=batch["responses"].shape[-1],
+            micro_batch,
             temperature=temperature,
             calculate_entropy=calculate_entropy,
             options=self.log_prob_options,
-            multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
             ulysses_group=self.ulysses_group,
-            routing=self._routing(micro_batch, recording),
+            router=self.router,
+            routing_mode=engine_routing_mode(self.config, recording),
         )
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> dict[str, torch.Tensor]:
@@ -124,34 +112,29 @@ class DataParallelPPOActor(BasePPOActor):
         ``data.meta_info``: ``temperature`` (required), ``micro_batch_size``, ``use_dynamic_bsz``,
         ``max_token_len``. Returns ``{"log_probs"}`` plus ``{"entropys"}`` when ``calculate_entropy``.
         """
-        temperature = _meta(data, "temperature", "compute_log_prob")
-        use_dynamic_bsz = bool(data.meta_info.get("use_dynamic_bsz", False))
-        micro_batches, indices = split_micro_batches(
-            _select(data, [*_MODEL_INPUT_KEYS, *routing_keys(self.config, recording=True)]),
-            micro_batch_size=data.meta_info.get("micro_batch_size"),
-            use_dynamic_bsz=use_dynamic_bsz,
-            max_token_len=data.meta_info.get("max_token_len"),
-            dp_group=self.dp_group,
-            micro_batch_key="log_prob_micro_batch_size_per_gpu",
-        )
+        temperature = ForwardSwitches.from_meta_info(data.meta_info).require_temperature("compute_log_prob")
+        inputs = [*MODEL_INPUT_KEYS, *routing_keys(self.config, recording=True)]
+        data = select_inputs(data, inputs, "compute_log_prob")
         self.actor_module.eval()
-        outputs: dict[str, list[torch.Tensor]] = {}
-        with torch.no_grad():
-            try:
-                for micro_batch in micro_batches:
-                    forward = self._forward(micro_batch, temperature, calculate_entropy, recording=True)
-                    for key, value in forward.items():
-                        outputs.setdefault(key, []).append(value)
-            finally:
-                self._stop_routing()
-        return {key: restore_order(torch.cat(values), indices) for key, values in outputs.items()}
+        try:
+            return forward_only(
+                data,
+                BatchPlan.from_meta_info(data.meta_info),
+                lambda micro_batch: self._forward(micro_batch, temperature, calculate_entropy, recording=True),
+                dp_group=self.dp_group,
+                micro_batch_key="log_prob_micro_batch_size_per_gpu",
+            )
+        finally:
+            self._stop_routing()
 
-    def _update_keys(self, on_policy: bool) -> list[str]:
-        keys = [*_MODEL_INPUT_KEYS, "response_mask", "advantages", *routing_keys(self.config)]
+    def _update_keys(self, data: DataProto, on_policy: bool) -> list[str]:
+        keys = [*MODEL_INPUT_KEYS, "response_mask", "advantages", *routing_keys(self.config)]
         if not on_policy:
             keys.append("old_log_probs")
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
+        if "rollout_is_weights" in data.batch.keys():
+            keys.append("rollout_is_weights")
         return keys
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
@@ -163,28 +146,38 @@ class DataParallelPPOActor(BasePPOActor):
         """
         if self.actor_optimizer is None:
             raise RuntimeError("update_policy needs an optimizer; this actor was built as a reference policy")
-        temperature = _meta(data, "temperature", "update_policy")
+        temperature = ForwardSwitches.from_meta_info(data.meta_info).require_temperature("update_policy")
         on_policy = "old_log_probs" not in data.batch.keys()
         if on_policy:
             self._check_on_policy(data)
-        keys = self._update_keys(on_policy)
-        if "rollout_is_weights" in data.batch.keys():
-            keys.append("rollout_is_weights")
-        data = _select(data, keys)
+        data = select_inputs(data, self._update_keys(data, on_policy), "update_policy")
         # Without the old-log-prob pass the update's forward also gives the actor/entropy metric that pass logged.
-        calculate_entropy = self.config.calculate_entropy or self.config.entropy_coeff != 0 or on_policy
-        metrics: dict[str, list[float]] = {}
+        calculate_entropy = self.config.uses_entropy or on_policy
+
+        def forward(micro_batch: DataProto) -> dict[str, torch.Tensor]:
+            outputs = self._forward(micro_batch, temperature, calculate_entropy)
+            if on_policy:  # before this mini-batch's (only) optimizer step: these weights are pi_old
+                micro_batch.batch["old_log_probs"] = outputs["log_probs"].detach()
+            return outputs
+
+        def train_step(mini_batch: DataProto) -> dict[str, float]:
+            return optimizer_step(
+                lambda: forward_backward(
+                    mini_batch, self.update_plan, forward, partial(actor_loss, self.config), dp_group=self.dp_group
+                )[1],
+                self._zero_grad,
+                lambda: clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.grad_clip),
+            )
+
         self.actor_module.train()
         try:
-            for _, mini_batch in iter_mini_batches(
-                data, self.config.ppo_mini_batch_size, self.config.ppo_epochs, self.config.shuffle,
-                self.config.data_loader_seed,
-            ):  # fmt: skip
-                append_to_dict(metrics, self._update_mini_batch(mini_batch, temperature, calculate_entropy, on_policy))
+            metrics = run_mini_batches(data, self.update_plan, train_step, self._zero_grad)
         finally:
             self._stop_routing()
+        return prefixed_engine_metrics(metrics, "actor")
+
+    def _zero_grad(self) -> None:
         self.actor_optimizer.zero_grad(set_to_none=True)
-        return metrics
 
     def _stop_routing(self) -> None:
         """Replay stays on through each backward (checkpoint recomputes); off afterwards, so the next forward of
@@ -195,10 +188,11 @@ class DataParallelPPOActor(BasePPOActor):
     def _check_on_policy(self, data: DataProto) -> None:
         """A batch without ``old_log_probs`` (the trainer skipped step 3, ``verl.trainer.ppo.on_policy``) is only
         exact when the whole update is one optimizer step and the train-mode forward equals the eval-mode one."""
-        if self.config.ppo_epochs != 1 or len(data) > self.config.ppo_mini_batch_size:
+        plan = self.update_plan
+        if plan.epochs != 1 or len(data) > plan.mini_batch_size:
             raise ValueError(
-                f"update_policy got no old_log_probs but runs {self.config.ppo_epochs} epoch(s) over "
-                f"{len(data)} responses in mini-batches of {self.config.ppo_mini_batch_size}: only one optimizer step "
+                f"update_policy got no old_log_probs but runs {plan.epochs} epoch(s) over "
+                f"{len(data)} responses in mini-batches of {plan.mini_batch_size}: only one optimizer step "
                 "per batch can take old_log_probs from its own forward; run compute_log_prob first "
                 "(actor_rollout_ref.actor.skip_old_log_prob_on_policy=False)"
             )
@@ -209,29 +203,3 @@ class DataParallelPPOActor(BasePPOActor):
                 "the old-log-prob pass, so old_log_probs cannot come from the update; set "
                 "actor_rollout_ref.actor.skip_old_log_prob_on_policy=False"
             )
-
-    def _update_mini_batch(
-        self, mini_batch: DataProto, temperature: float, calculate_entropy: bool, on_policy: bool = False
-    ) -> dict:
-        info = global_batch_info(mini_batch.batch["response_mask"], self.dp_group)
-        micro_batches, _ = split_micro_batches(
-            mini_batch,
-            micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
-            use_dynamic_bsz=self.config.use_dynamic_bsz,
-            max_token_len=self.config.ppo_max_token_len_per_gpu * self.config.ulysses_sp_size,
-            dp_group=self.dp_group,
-        )
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        accumulator = MetricAccumulator()
-        for micro_batch in micro_batches:
-            outputs = self._forward(micro_batch, temperature, calculate_entropy)
-            if on_policy:  # before this mini-batch's (only) optimizer step: these weights are pi_old
-                micro_batch.batch["old_log_probs"] = outputs["log_probs"].detach()
-            loss, loss_metrics = actor_loss(self.config, outputs, micro_batch.batch, info)
-            loss.backward()
-            accumulator.add(loss_metrics)
-        step = clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.grad_clip)
-        result = accumulator.result()
-        result["actor/grad_norm"] = step.grad_norm
-        result["actor/skipped_steps"] = 0.0 if step.stepped else 1.0
-        return result

@@ -86,9 +86,6 @@ class RouterReplayConfig(BaseConfig):
 class ActorConfig(BaseConfig):
     """Policy-update settings common to every actor backend (see the module docstring for batch units)."""
 
-    # Workers rescale these to per-rank response counts once the data-parallel size is known.
-    _mutable_fields = frozenset({"ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"})
-
     STRATEGIES: ClassVar[tuple[str, ...]] = FSDP_STRATEGIES
     """The strategies this config family serves (`veomni` has its own family: model_engine=veomni)."""
 

@@ -60,17 +60,6 @@ class FSDPCriticModelCfg(BaseModelConfig):
 class CriticConfig(BaseConfig):
     """Value-function training settings common to every critic backend."""
 
-    # Workers rescale these to per-rank response counts once the data-parallel size is known.
-    _mutable_fields = frozenset(
-        {
-            "ppo_mini_batch_size",
-            "ppo_micro_batch_size",
-            "ppo_micro_batch_size_per_gpu",
-            "forward_micro_batch_size",
-            "forward_micro_batch_size_per_gpu",
-        }
-    )
-
     enable: Optional[bool] = None
     """Use a critic. null = exactly when algorithm.adv_estimator == gae."""
 

@@ -21,9 +21,6 @@ __all__ = ["FSDPRefConfig", "RefConfig", "VeOmniRefConfig"]
 class RefConfig(BaseConfig):
     """Log-prob settings of the frozen reference policy."""
 
-    # Workers rescale the global form to per-rank once the data-parallel size is known.
-    _mutable_fields = frozenset({"log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"})
-
     STRATEGIES: ClassVar[tuple[str, ...]] = FSDP_STRATEGIES
     """The strategies this config family serves (`veomni`: VeOmniRefConfig)."""
 

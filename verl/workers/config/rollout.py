@@ -150,10 +150,8 @@ class CheckpointEngineConfig(BaseConfig):
 class RolloutConfig(BaseConfig):
     """Generation engine, sampling and log-prob recomputation settings."""
 
-    # Workers rescale the global micro-batch form per rank; servers may shrink max_model_len.
-    _mutable_fields = frozenset(
-        {"log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "max_model_len", "load_format"}
-    )
+    # Servers may shrink max_model_len (batch sizes stay as configured: per-rank sizes are a BatchPlan).
+    _mutable_fields = frozenset({"max_model_len", "load_format"})
 
     name: str = MISSING
     """Mandatory: hf (HF generate; CPU and tests) | vllm (GPU, and Ascend through vllm-ascend); the registered

@@ -20,9 +20,11 @@ import torch
 
 from verl.trainer.ppo import core_algos
 from verl.utils.torch_functional import masked_mean
+from verl.workers.config.actor import ActorConfig
+from verl.workers.config.critic import CriticConfig
 from verl.workers.core.micro_batching import GlobalBatchInfo
 
-__all__ = ["LossConfigView", "MetricAccumulator", "actor_loss", "bind_rollout_correction", "critic_loss"]
+__all__ = ["LossConfigView", "MetricAccumulator", "actor_loss", "bind_rollout_correction", "critic_loss", "value_loss"]
 
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss"})
 
@@ -47,7 +49,7 @@ ROLLOUT_CORRECTION_META_KEY = "rollout_correction"
 bypass mode; the actor node itself has no such key (as upstream, where it is attached at run time)."""
 
 
-def bind_rollout_correction(actor_config: Any, meta_info: Mapping[str, Any]) -> None:
+def bind_rollout_correction(actor_config: ActorConfig, meta_info: Mapping[str, Any]) -> None:
     """Attach the trainer's bypass-mode settings to ``actor_config.policy_loss`` (a run-time attribute).
 
     The ``bypass_mode`` policy loss reads ``config.policy_loss.rollout_correction``; both worker paths call this
@@ -73,7 +75,10 @@ def _agg(values: torch.Tensor, mask: torch.Tensor, config: Any, info: GlobalBatc
 
 
 def actor_loss(
-    config: Any, outputs: Mapping[str, torch.Tensor], micro_batch: Mapping[str, torch.Tensor], info: GlobalBatchInfo
+    config: ActorConfig,
+    outputs: Mapping[str, torch.Tensor],
+    micro_batch: Mapping[str, torch.Tensor],
+    info: GlobalBatchInfo,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss and metrics of one actor micro-batch.
 
@@ -119,7 +124,7 @@ def actor_loss(
 
 
 def critic_loss(
-    config: Any, vpreds: torch.Tensor, micro_batch: Mapping[str, torch.Tensor], info: GlobalBatchInfo
+    config: CriticConfig, vpreds: torch.Tensor, micro_batch: Mapping[str, torch.Tensor], info: GlobalBatchInfo
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss (``core_algos.compute_value_loss``, ``critic.cliprange_value``) and metrics."""
     mask = micro_batch["response_mask"]
@@ -138,6 +143,16 @@ def critic_loss(
         "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item(),
     }
     return vf_loss, metrics
+
+
+def value_loss(
+    config: CriticConfig,
+    model_output: Mapping[str, torch.Tensor],
+    micro_batch: Mapping[str, torch.Tensor],
+    info: GlobalBatchInfo,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`critic_loss` in the loss-function form of the update loop: ``model_output["values"]`` (b, R)."""
+    return critic_loss(config, model_output["values"], micro_batch, info)
 
 
 def _scalar(value: Any) -> float:

@@ -50,10 +50,9 @@ def global_batch_info(response_mask: torch.Tensor, dp_group: dist.ProcessGroup |
 
 def _all_reduce_sum(counts: torch.Tensor, dp_group: dist.ProcessGroup | None) -> torch.Tensor:
     if dist.get_backend(dp_group) != "gloo":
-        from verl.utils.device import get_device_id, get_device_name
+        from verl.utils.device import get_platform
 
-        device = torch.device(get_device_name(), get_device_id())
-        on_device = counts.to(device)
+        on_device = counts.to(get_platform().device())
         dist.all_reduce(on_device, group=dp_group)
         return on_device.cpu()
     dist.all_reduce(counts, group=dp_group)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.workers.config.critic import CriticConfig
 
 __all__ = ["BasePPOCritic"]
 
@@ -15,7 +16,7 @@ __all__ = ["BasePPOCritic"]
 class BasePPOCritic(ABC):
     """A value model that predicts per-token values and regresses them on returns."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: CriticConfig):
         self.config = config
 
     @abstractmethod

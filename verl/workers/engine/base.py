@@ -8,15 +8,10 @@ are written only against this class, so FSDP1/FSDP2 and VeOmni are interchangeab
 ``EngineRegistry.new(model_type, backend, ...)``.
 
 Data contract of this distribution: ``forward_backward_batch`` takes a padded ``DataProto`` (the format both worker
-paths and the trainer share), with per-call switches in ``meta_info`` (``temperature``, ``micro_batch_size``,
-``use_dynamic_bsz``, ``max_token_len``, ``calculate_entropy``). Upstream passes a jagged ``TensorDict`` instead; the
-packing happens here inside the shared core (``verl.workers.core.model_forward``), once, for both paths.
-
-A loss function has the signature ``loss_fn(model_output, micro_batch, info) -> (loss, metrics)`` with
-``model_output`` the core's outputs (``log_probs``/``entropys`` or ``values``, each ``(b, R)``), ``micro_batch`` the
-micro-batch's ``TensorDict`` and ``info`` the mini-batch's :class:`~verl.workers.core.micro_batching.GlobalBatchInfo`
-(upstream passes the dp group and lets the loss reduce; the global counts are computed once per mini-batch here so
-gradient accumulation is exact for any micro-batch split). See ``verl.workers.engine.losses``.
+paths share) with per-call switches in ``meta_info`` (``core.batch_plan``); upstream passes a jagged ``TensorDict``,
+the packing happens inside the shared core instead. A loss function is ``loss_fn(model_output, micro_batch, info)
+-> (loss, metrics)`` with ``info`` the mini-batch's global counts (``core.update_loop.LossFn``; upstream passes the
+dp group instead), see ``verl.workers.engine.losses``.
 """
 
 from __future__ import annotations
@@ -31,17 +26,22 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.workers.core.optimizer_step import StepResult
+from verl.workers.core.update_loop import LossFn, optimizer_step
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BaseEngine", "BaseEngineCtx", "EngineRegistry", "LossFunction"]
 
-LossFunction = Callable[[dict[str, torch.Tensor], Any, Any], tuple[torch.Tensor, dict[str, float]]]
+LossFunction = LossFn
 """``(model_output, micro_batch, global_batch_info) -> (loss, metrics)`` (see the module docstring)."""
 
 
 class BaseEngine(ABC):
     """One model + optimizer on one data-parallel rank (upstream ``verl.workers.engine.BaseEngine``)."""
+
+    last_step_skipped: bool = False
+    """Whether the last :meth:`optimizer_step` skipped a non-finite gradient (engines that can skip set it)."""
 
     # ----------------------------------------------------------------------------------------------- lifecycle
     @abstractmethod
@@ -103,11 +103,18 @@ class BaseEngine(ABC):
         """Advance the lr schedule one step; returns the new learning rate."""
 
     def train_batch(self, data: DataProto, loss_function: LossFunction) -> dict[str, Any]:
-        """One optimizer step over ``data``: zero_grad → forward/backward → step (lr schedule stepped by the caller)."""
-        self.optimizer_zero_grad()
-        output = self.forward_backward_batch(data, loss_function, forward_only=False)
-        grad_norm = self.optimizer_step()
-        output["metrics"]["grad_norm"] = grad_norm
+        """One optimizer step over ``data`` (the core's ``optimizer_step``): zero_grad → forward/backward → step.
+
+        ``metrics`` gain ``grad_norm`` and ``skipped_steps``; the caller steps the lr schedule.
+        """
+        output: dict[str, Any] = {}
+
+        def accumulate() -> dict[str, float]:
+            output.update(self.forward_backward_batch(data, loss_function, forward_only=False))
+            return output["metrics"]
+
+        step = lambda: StepResult(self.optimizer_step(), not self.last_step_skipped)  # noqa: E731
+        output["metrics"] = optimizer_step(accumulate, self.optimizer_zero_grad, step)
         return output
 
     def infer_batch(self, data: DataProto, loss_function: LossFunction | None = None) -> dict[str, Any]:

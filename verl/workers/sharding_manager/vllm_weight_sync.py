@@ -441,9 +441,9 @@ class FSDPVLLMShardingManager(BaseShardingManager):
 
 
 def _compute_device() -> torch.device:
-    from verl.utils.device import get_device_name, get_platform
+    from verl.utils.device import get_platform
 
-    return torch.device("cpu") if get_device_name() == "cpu" else get_platform().device()
+    return get_platform().device()  # the CPU platform's device is "cpu" (no index)
 
 
 def _seeded_rng_state(seed: int) -> torch.Tensor:

@@ -1,23 +1,20 @@
 """``FSDPEngine`` (FSDP1 / FSDP2) over the shared worker core, with an LM head or a value head (upstream names).
 
-The engine adds no maths of its own: micro-batching, the packed model forward, log-probs/entropy, values, losses
-and the clipped optimizer step are the functions of ``verl.workers.core`` that the legacy ``DataParallelPPOActor``
-calls too (docs/design.md "Two worker paths, one core"; ``tests/workers/test_legacy_vs_engine.py`` runs both and
-compares). What the engine owns is the lifecycle: build and shard the model, the optimizer and lr schedule, device
-placement (offload), checkpoints and the full-weight stream for the rollout.
-
-Placement (field-report item 10, upstream #5995): with ``param_offload``/``optimizer_offload`` the model and the
-optimizer state live on the CPU between phases and come back for ``train_mode``/``eval_mode``, checkpoints and the
-weight sync, so every tensor of a phase is on one device. FSDP2's ``offload_policy`` (``CPUOffloadPolicy``) owns
-parameter placement itself; the engine then never moves parameters by hand.
+The engine adds no maths and no loop of its own: micro-batching, the packed model forward, log-probs/entropy,
+values, losses, the micro-batch loop and the clipped optimizer step are the functions of ``verl.workers.core`` that
+the legacy ``DataParallelPPOActor`` calls too (``tests/workers/test_legacy_vs_engine.py`` runs both and compares).
+What the engine owns is the lifecycle: build and shard the model, the optimizer and lr schedule, checkpoints and the
+full-weight stream for the rollout. Offload (``param_offload``/``optimizer_offload``/``offload_policy``) is the
+core's ``Placement`` rule, the legacy worker's too: ``train_mode``/``eval_mode`` and checkpoints load what it
+offloads and offload it again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Generator, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,29 +23,27 @@ import torch.nn as nn
 from verl.models.transformers.router_replay import install_router_replay
 from verl.protocol import DataProto
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-from verl.utils.device import get_device_id, get_device_name
+from verl.utils.device import get_device_name, get_platform
 from verl.utils.fsdp_utils import (
     check_strategy,
     create_device_mesh,
-    load_fsdp_model_to_gpu,
-    load_fsdp_optimizer,
-    offload_fsdp_model_to_cpu,
-    offload_fsdp_optimizer,
 )
+from verl.workers.config.critic import FSDPCriticModelCfg
+from verl.workers.config.engine import FSDPEngineConfig, VeOmniEngineConfig
+from verl.workers.config.model import HFModelConfig
+from verl.workers.config.optimizer import OptimizerConfig
+from verl.workers.core.batch_plan import BatchPlan, ForwardSwitches
 from verl.workers.core.fsdp_model import FSDPModel, build_fsdp_model
-from verl.workers.core.losses import MetricAccumulator
-from verl.workers.core.micro_batching import global_batch_info, restore_order, split_micro_batches
-from verl.workers.core.model_forward import (
-    LogProbOptions,
-    RoutingStep,
-    forward_log_probs,
-    forward_values,
-    multi_modal_kwargs,
-)
+from verl.workers.core.micro_forward import policy_forward, value_forward
+from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.optimizer_step import clip_grad_and_step
 from verl.workers.core.parallel_layout import DataSequenceLayout
-from verl.workers.core.routing import ROUTED_EXPERTS, ROUTER_REPLAY_META_KEY
+from verl.workers.core.placement import Placement
+from verl.workers.core.update_loop import forward_backward
 from verl.workers.engine.base import BaseEngine, EngineRegistry, LossFunction
+
+if TYPE_CHECKING:
+    from verl.trainer.config.config import CheckpointConfig
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +70,10 @@ class FSDPEngine(BaseEngine):
 
     def __init__(
         self,
-        model_config: Any,
-        engine_config: Any,
-        optimizer_config: Any = None,
-        checkpoint_config: Any = None,
+        model_config: HFModelConfig | FSDPCriticModelCfg,
+        engine_config: FSDPEngineConfig | VeOmniEngineConfig,
+        optimizer_config: OptimizerConfig | None = None,
+        checkpoint_config: CheckpointConfig | None = None,
         *,
         processing_class: Any = None,
         role: str = "actor_rollout_ref.actor",
@@ -105,11 +100,7 @@ class FSDPEngine(BaseEngine):
         self.lr_scheduler: Any = None
         self.checkpoint_manager: FSDPCheckpointManager | None = None
         self.last_step_skipped = False
-        # CPUOffloadPolicy owns parameter placement: never move parameters by hand then (upstream #5995). A
-        # forward-only engine on a device is built with FSDP's own CPU offload (build_fsdp_model), same rule.
-        self._fsdp_owns_placement = engine_config.offload_policy or engine_config.forward_only
-        self._param_offload = engine_config.param_offload and not self._fsdp_owns_placement
-        self._optimizer_offload = engine_config.optimizer_offload and not engine_config.forward_only
+        self.placement = Placement.from_config(engine_config, forward_only=engine_config.forward_only)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     def initialize(self) -> None:
@@ -126,7 +117,7 @@ class FSDPEngine(BaseEngine):
             processing_class=self.processing_class,
             checkpoint_config=self.checkpoint_config,
         )
-        self.to("cpu", model=self._param_offload, optimizer=self._optimizer_offload)
+        self.placement.bind(self.module, self.optimizer).offload()
 
     @staticmethod
     def _check_strategy(strategy: str) -> str:
@@ -148,11 +139,11 @@ class FSDPEngine(BaseEngine):
 
     @property
     def is_param_offload_enabled(self) -> bool:
-        return self._param_offload
+        return self.placement.param_offload
 
     @property
     def is_optimizer_offload_enabled(self) -> bool:
-        return self._optimizer_offload
+        return self.placement.optimizer_offload
 
     def _require_module(self) -> nn.Module:
         if self.module is None:
@@ -162,69 +153,46 @@ class FSDPEngine(BaseEngine):
     def enter_mode(self, mode: str) -> None:
         """Bring what the phase needs to the device and set train/eval mode (see ``BaseEngineCtx``)."""
         module = self._require_module()
-        self.to(get_device_name(), model=self._param_offload, optimizer=mode == "train" and self._optimizer_offload)
+        self.placement.load(optimizer=mode == "train")
         module.train(mode == "train")
 
     def exit_mode(self, mode: str) -> None:
         """Offload again what :meth:`enter_mode` loaded."""
-        self.to("cpu", model=self._param_offload, optimizer=mode == "train" and self._optimizer_offload)
+        self.placement.offload(optimizer=mode == "train")
 
     def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True) -> None:
         """Move parameters (with their gradients: ``grad`` is implied by ``model``) and/or optimizer state."""
         if device not in _DEVICES:
             raise ValueError(f"engine.to(device={device!r}): use 'cpu' or the device name ({get_device_name()!r})")
-        module = self._require_module()
-        if model and not self._fsdp_owns_placement:
-            if device == "cpu":
-                offload_fsdp_model_to_cpu(module)
-            else:
-                load_fsdp_model_to_gpu(module)
-        if optimizer and self.optimizer is not None:
-            if device == "cpu":
-                offload_fsdp_optimizer(self.optimizer)
-            else:
-                load_fsdp_optimizer(self.optimizer)
+        self._require_module()
+        self.placement.to(device, model=model, optimizer=optimizer)
 
     # ------------------------------------------------------------------------------------------------ compute
-    def forward_step(self, micro_batch: DataProto, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def forward_step(self, micro_batch: DataProto, switches: ForwardSwitches) -> dict[str, torch.Tensor]:
         """The core's forward of one micro-batch: ``{name: (b, R) tensor}``."""
         raise NotImplementedError
 
     def forward_backward_batch(
         self, data: DataProto, loss_function: LossFunction | None = None, forward_only: bool = False
     ) -> dict[str, Any]:
-        """Forward (and backward) every micro-batch of ``data`` through the shared core.
+        """Forward (and backward) every micro-batch of ``data``: the core's ``forward_backward``.
 
         ``data.meta_info``: ``micro_batch_size`` or ``use_dynamic_bsz`` + ``max_token_len`` (per rank), plus what
-        :meth:`forward_step` reads (``temperature``, ``calculate_entropy``). Loss terms are normalised by the
-        global counts of the whole ``data`` (one mini-batch), so the summed gradient is exact for any split.
+        :meth:`forward_step` reads (``temperature``, ``calculate_entropy``, ``router_replay``). Loss terms are
+        normalised by the global counts of the whole ``data`` (one mini-batch), so the summed gradient is exact for
+        any split.
         """
         self._require_module()
-        meta = data.meta_info
-        micro_batches, indices = split_micro_batches(
+        switches = ForwardSwitches.from_meta_info(data.meta_info)
+        model_output, metrics = forward_backward(
             data,
-            micro_batch_size=meta.get("micro_batch_size"),
-            use_dynamic_bsz=bool(meta.get("use_dynamic_bsz", False)),
-            max_token_len=meta.get("max_token_len"),
+            BatchPlan.from_meta_info(data.meta_info),
+            lambda micro_batch: self.forward_step(micro_batch, switches),
+            loss_function,
+            backward=not forward_only,
             dp_group=self.get_data_parallel_group(),
-            micro_batch_key="micro_batch_size_per_gpu (ppo_/log_prob_/forward_ prefixed)",
         )
-        info = None
-        if loss_function is not None:
-            info = global_batch_info(data.batch["response_mask"], self.get_data_parallel_group())
-        accumulator, outputs = MetricAccumulator(), {}
-        for micro_batch in micro_batches:
-            output = self.forward_step(micro_batch, meta)
-            if loss_function is not None:
-                loss, metrics = loss_function(output, micro_batch.batch, info)
-                accumulator.add(metrics)
-                if not forward_only:
-                    loss.backward()
-            if forward_only:
-                for key, value in output.items():
-                    outputs.setdefault(key, []).append(value.detach())
-        model_output = {key: restore_order(torch.cat(values), indices) for key, values in outputs.items()}
-        return {"model_output": model_output, "metrics": accumulator.result()}
+        return {"model_output": model_output, "metrics": metrics}
 
     def optimizer_zero_grad(self) -> None:
         self._require_optimizer().zero_grad(set_to_none=True)
@@ -262,28 +230,19 @@ class FSDPEngine(BaseEngine):
         """
         from verl.workers.sharding_manager.vllm_weight_sync import iter_full_tensors
 
-        stream = iter_full_tensors(self._require_module(), dtype=kwargs.get("dtype"), device=_current_device())
+        stream = iter_full_tensors(self._require_module(), dtype=kwargs.get("dtype"), device=get_platform().device())
         return stream, None
-
-    @contextlib.contextmanager
-    def _on_device(self) -> Generator[None, None, None]:
-        # checkpoint state dicts need parameters and optimizer state on the device the mesh lives on (item 10)
-        self.to(get_device_name(), model=self._param_offload, optimizer=self._optimizer_offload)
-        try:
-            yield
-        finally:
-            self.to("cpu", model=self._param_offload, optimizer=self._optimizer_offload)
 
     def save_checkpoint(
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
     ) -> None:
         self._require_module()
-        with self._on_device():
+        with self.placement.on_device(optimizer=True):
             self.checkpoint_manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
 
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = True) -> None:
         self._require_module()
-        with self._on_device():
+        with self.placement.on_device(optimizer=True):
             self.checkpoint_manager.load_checkpoint(local_path, hdfs_path, del_local_after_load)
 
     # ------------------------------------------------------------------------------------------------ topology
@@ -311,11 +270,6 @@ class FSDPEngine(BaseEngine):
         return self.layout.is_collect
 
 
-def _current_device() -> torch.device:
-    name = get_device_name()
-    return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
-
-
 @EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=list(_DEVICES))
 class FSDPEngineWithLMHead(FSDPEngine):
     """Policy/reference engine: response log-probs (and entropy on request) through the core's LM-head path."""
@@ -324,10 +278,10 @@ class FSDPEngineWithLMHead(FSDPEngine):
 
     def __init__(
         self,
-        model_config: Any,
-        engine_config: Any,
-        optimizer_config: Any = None,
-        checkpoint_config: Any = None,
+        model_config: HFModelConfig | FSDPCriticModelCfg,
+        engine_config: FSDPEngineConfig,
+        optimizer_config: OptimizerConfig | None = None,
+        checkpoint_config: CheckpointConfig | None = None,
         **kwargs: Any,
     ):
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, **kwargs)
@@ -338,25 +292,22 @@ class FSDPEngineWithLMHead(FSDPEngine):
             chunk_size=engine_config.entropy_from_logits_chunk_size,
             entropy_checkpointing=engine_config.entropy_checkpointing,
         )
+        self._router: Any = None
 
-    def forward_step(self, micro_batch: DataProto, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """``{"log_probs": (b, R)}`` (+ ``"entropys"`` when ``meta["calculate_entropy"]``); needs ``meta["temperature"]``."""
-        if "temperature" not in meta:
-            raise ValueError(
-                "data.meta_info['temperature'] is missing; the worker sets it from actor_rollout_ref.rollout.temperature"
-            )
-        batch = micro_batch.batch
+    def forward_step(self, micro_batch: DataProto, switches: ForwardSwitches) -> dict[str, torch.Tensor]:
+        """``{"log_probs": (b, R)}`` (+ ``"entropys"`` with ``calculate_entropy``); needs the ``temperature``."""
+        mode = switches.router_replay
         with self._model_sequence_parallel():
-            return forward_log_probs(
+            return policy_forward(
                 self.module,
-                batch,
-                response_length=batch["responses"].shape[-1],
-                temperature=meta["temperature"],
-                calculate_entropy=bool(meta.get("calculate_entropy", False)),
+                micro_batch,
+                temperature=switches.require_temperature("forward_step"),
+                calculate_entropy=bool(switches.calculate_entropy),
                 options=self.log_prob_options,
-                multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
                 ulysses_group=self._core_ulysses_group(),
-                routing=self._routing(micro_batch, meta.get(ROUTER_REPLAY_META_KEY)),
+                router=None if mode is None else self._replay_router(),
+                routing_mode=mode,
+                routing_sp_group=self.layout.ulysses_group,
             )
 
     def forward_backward_batch(
@@ -367,16 +318,14 @@ class FSDPEngineWithLMHead(FSDPEngine):
         try:
             return super().forward_backward_batch(data, loss_function, forward_only)
         finally:
-            if getattr(self, "_router", None) is not None:
+            if self._router is not None:
                 self._router.stop()
 
-    def _routing(self, micro_batch: DataProto, mode: str | None) -> RoutingStep | None:
-        """``meta["router_replay"]``: ``record`` (R2 old-log-prob pass) or ``replay`` the batch's routed_experts."""
-        if mode is None:
-            return None
-        if getattr(self, "_router", None) is None:
+    def _replay_router(self) -> Any:
+        """The model's ``RouterReplay``, installed on the first forward that records or replays the routing."""
+        if self._router is None:
             self._router = install_router_replay(self._require_module())
-        return RoutingStep(self._router, mode, micro_batch.batch.get(ROUTED_EXPERTS), self.layout.ulysses_group)
+        return self._router
 
 
 @EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device=list(_DEVICES))
@@ -385,17 +334,11 @@ class FSDPEngineWithValueHead(FSDPEngine):
 
     model_type = "value_model"
 
-    def forward_step(self, micro_batch: DataProto, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
-        batch = micro_batch.batch
-        values = forward_values(
+    def forward_step(self, micro_batch: DataProto, switches: ForwardSwitches) -> dict[str, torch.Tensor]:
+        values = value_forward(
             self.module,
-            batch,
-            response_length=batch["responses"].shape[-1],
+            micro_batch,
             use_remove_padding=self.model_config.use_remove_padding,
-            multi_modal_inputs=multi_modal_kwargs(micro_batch.non_tensor_batch),
             ulysses_group=self.layout.ulysses_group,
         )
-        # values outside the response are 0, as DataParallelPPOCritic returns them (the mask belongs in the core's
-        # forward_values, where both drivers would share it)
-        response_mask = batch["attention_mask"][:, -values.shape[-1] :]
-        return {"values": values * response_mask.to(values.dtype)}
+        return {"values": values}
