@@ -127,9 +127,12 @@ def test_grpo_with_vllm_and_r3_trains(assets, tmp_path):
     vLLM's MoE routers used (prefix cache off), the old-log-prob pass and the update replay it; every step completes
     and logs the engine-vs-actor mismatch metrics within the usual bound."""
     metrics = _run(
-        assets, tmp_path, "trainer.total_training_steps=3", "actor_rollout_ref.actor.router_replay.mode=R3",
+        assets,
+        tmp_path,
+        "trainer.total_training_steps=3",
+        "actor_rollout_ref.actor.router_replay.mode=R3",
         "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
         "actor_rollout_ref.rollout.enable_prefix_caching=False",
-    )  # fmt: skip
+    )
     assert sorted(metrics) == [1, 2, 3]
     _check_mismatch_metrics(metrics)

@@ -22,10 +22,17 @@ RESPONSE_LEN = 4
 def _model_dir(root) -> str:
     tokenizer = build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300)
     cfg = Qwen2Config(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     path = str(root / "tiny")
     Qwen2ForCausalLM(cfg).save_pretrained(path)
@@ -35,12 +42,18 @@ def _model_dir(root) -> str:
 
 def _config(model_path: str, **actor_overrides):
     actor = {
-        "strategy": "fsdp2", "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "rollout_n": 1,
-        "use_torch_compile": False, "optim": {"lr": 1e-2},
-        "checkpoint": {"save_contents": ["model", "optimizer", "extra", "hf_model"],
-                       "load_contents": ["model", "optimizer", "extra"]},
+        "strategy": "fsdp2",
+        "ppo_mini_batch_size": 2,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "rollout_n": 1,
+        "use_torch_compile": False,
+        "optim": {"lr": 1e-2},
+        "checkpoint": {
+            "save_contents": ["model", "optimizer", "extra", "hf_model"],
+            "load_contents": ["model", "optimizer", "extra"],
+        },
         "fsdp_config": {"dtype": "float32", "param_offload": True, "optimizer_offload": True},
-    }  # fmt: skip
+    }
     actor.update(actor_overrides)
     return OmegaConf.create(
         {
@@ -261,9 +274,12 @@ def _veomni_config(model_path: str):
     config["actor"].update(
         _target_="verl.workers.config.VeOmniActorConfig",
         strategy="veomni",
-        veomni={"model_dtype": "fp32", "param_offload": engine["param_offload"],
-                "optimizer_offload": engine["optimizer_offload"]},
-    )  # fmt: skip
+        veomni={
+            "model_dtype": "fp32",
+            "param_offload": engine["param_offload"],
+            "optimizer_offload": engine["optimizer_offload"],
+        },
+    )
     config["ref"] = {
         "_target_": "verl.workers.config.VeOmniRefConfig",
         "strategy": "veomni",

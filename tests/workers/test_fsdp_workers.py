@@ -24,10 +24,17 @@ PROMPTS_PER_RANK, N, PROMPT_LEN, RESPONSE_LEN = 2, 2, 6, 5
 def _model_dir(root) -> str:
     tokenizer = build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300)
     cfg = Qwen2Config(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     path = str(root / "tiny")
     Qwen2ForCausalLM(cfg).save_pretrained(path)
@@ -79,9 +86,13 @@ def _prompts(rank: int, pad_id: int) -> DataProto:
 
 def _worker(rank, world_size, port, cfg, ckpt_dir, out):
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-    )  # fmt: skip
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     torch.set_num_threads(1)
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
@@ -115,9 +126,16 @@ def _worker(rank, world_size, port, cfg, ckpt_dir, out):
         critic_metrics = critic.update_critic(batch).meta_info["metrics"]
         if rank == 0:
             out.update(
-                gen=gen.batch, old=old.batch, ref=ref.batch, metrics=metrics, new=new, reloaded=reloaded,
-                critic_metrics=critic_metrics, values=batch.batch["values"], mask=batch.batch["response_mask"],
-            )  # fmt: skip
+                gen=gen.batch,
+                old=old.batch,
+                ref=ref.batch,
+                metrics=metrics,
+                new=new,
+                reloaded=reloaded,
+                critic_metrics=critic_metrics,
+                values=batch.batch["values"],
+                mask=batch.batch["response_mask"],
+            )
     finally:
         dist.destroy_process_group()
 

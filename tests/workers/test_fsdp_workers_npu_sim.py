@@ -20,10 +20,17 @@ RESPONSE_LEN = 4
 def _model_dir(root) -> str:
     tokenizer = build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300)
     cfg = Qwen2Config(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     path = str(root / "tiny")
     Qwen2ForCausalLM(cfg).save_pretrained(path)
@@ -38,16 +45,22 @@ def _config(model_path: str, strategy: str):
         {
             "model": {"path": model_path, "override_config": {"attn_implementation": "eager"}},
             "actor": {
-                "strategy": strategy, "ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2, "rollout_n": 1,
-                "use_torch_compile": False, "optim": {"lr": 1e-2},
-                "checkpoint": {"save_contents": ["model", "optimizer", "extra", "hf_model"],
-                               "load_contents": ["model", "optimizer", "extra"]},
+                "strategy": strategy,
+                "ppo_mini_batch_size": 2,
+                "ppo_micro_batch_size_per_gpu": 2,
+                "rollout_n": 1,
+                "use_torch_compile": False,
+                "optim": {"lr": 1e-2},
+                "checkpoint": {
+                    "save_contents": ["model", "optimizer", "extra", "hf_model"],
+                    "load_contents": ["model", "optimizer", "extra"],
+                },
                 "fsdp_config": {"dtype": "float32", "param_offload": True, "optimizer_offload": True},
             },
             "rollout": {"name": "hf", "response_length": RESPONSE_LEN, "log_prob_micro_batch_size_per_gpu": 2},
             "ref": {"strategy": strategy},
         }
-    )  # fmt: skip
+    )
 
 
 def _prompts(pad_id: int) -> DataProto:

@@ -64,9 +64,15 @@ def _configs(model_dir: str, *, mini_batch_prompts: int, rollout_n: int) -> Acto
     """fp32 FSDP2 actor with KL + entropy loss terms, 2 responses per micro-batch, 3 per log-prob micro-batch."""
     fsdp = FSDPEngineConfig(mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"})
     actor = FSDPActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=mini_batch_prompts, ppo_micro_batch_size_per_gpu=2, use_kl_loss=True,
-        entropy_coeff=0.01, use_torch_compile=False, optim=FSDPOptimizerConfig(lr=1e-3), fsdp_config=fsdp,
-    )  # fmt: skip
+        strategy="fsdp2",
+        ppo_mini_batch_size=mini_batch_prompts,
+        ppo_micro_batch_size_per_gpu=2,
+        use_kl_loss=True,
+        entropy_coeff=0.01,
+        use_torch_compile=False,
+        optim=FSDPOptimizerConfig(lr=1e-3),
+        fsdp_config=fsdp,
+    )
     rollout = RolloutConfig(name="hf", n=rollout_n, temperature=TEMPERATURE, log_prob_micro_batch_size_per_gpu=3)
     model = HFModelConfig(path=model_dir, enable_gradient_checkpointing=False)
     return ActorRolloutRefConfig(model=model, actor=actor, ref=FSDPRefConfig(strategy="fsdp2"), rollout=rollout)
@@ -221,11 +227,16 @@ def _one_step(module, cfg, rank: int) -> dict:
     critic_metrics = critic.update_critic(batch).meta_info["metrics"]
     actor_metrics = actor.update_actor(batch).meta_info["metrics"]
     return {
-        "responses": gen.batch["responses"], "old": old["old_log_probs"], "entropys": old["entropys"],
-        "ref": batch.batch["ref_log_prob"], "values": batch.batch["values"], "critic_metrics": critic_metrics,
-        "actor_metrics": actor_metrics, "new": actor.compute_log_prob(batch).batch["old_log_probs"],
+        "responses": gen.batch["responses"],
+        "old": old["old_log_probs"],
+        "entropys": old["entropys"],
+        "ref": batch.batch["ref_log_prob"],
+        "values": batch.batch["values"],
+        "critic_metrics": critic_metrics,
+        "actor_metrics": actor_metrics,
+        "new": actor.compute_log_prob(batch).batch["old_log_probs"],
         "new_values": critic.compute_values(batch).batch["values"],
-    }  # fmt: skip
+    }
 
 
 def _assert_same_step(legacy: dict, engine: dict) -> None:
@@ -242,9 +253,13 @@ def _assert_same_step(legacy: dict, engine: dict) -> None:
 
 def _dist_worker(rank: int, world_size: int, port: int, cfg, sp: int, out) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-    )  # fmt: skip
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     torch.set_num_threads(1)
     from verl.workers import engine_workers, fsdp_workers
 
@@ -278,10 +293,17 @@ def test_worker_level_one_trainer_step_matches_on_two_ranks(tmp_path, sp):
 
     tokenizer = _tokenizer()
     hf_cfg = Qwen2Config(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=len(tokenizer), max_position_embeddings=64, tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(hf_cfg).save_pretrained(model_path)
     tokenizer.save_pretrained(model_path)

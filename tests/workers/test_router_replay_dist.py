@@ -66,9 +66,15 @@ def _forward(model, batch, group=None, routing=None, remove_padding=True, grad_w
     """Log-probs (B, R); with ``grad_weights`` also the gradients of sum(w * log-probs) (same w on every rank)."""
     model.zero_grad()
     out = forward_log_probs(
-        model, batch, response_length=RESPONSE_LEN, temperature=1.0, calculate_entropy=False,
-        options=LogProbOptions(use_remove_padding=remove_padding), ulysses_group=group, routing=routing,
-    )  # fmt: skip
+        model,
+        batch,
+        response_length=RESPONSE_LEN,
+        temperature=1.0,
+        calculate_entropy=False,
+        options=LogProbOptions(use_remove_padding=remove_padding),
+        ulysses_group=group,
+        routing=routing,
+    )
     if grad_weights is None:
         return out["log_probs"].detach(), None
     (out["log_probs"] * grad_weights).sum().backward()
@@ -108,12 +114,20 @@ def _sp_replay_rank() -> dict:
     control, _ = _forward(model, batch, group, RoutingStep(router, "replay", other))
     rel = {n: ((sp2_grads[n] - g).abs().max() / g.abs().max().clamp(min=1e-12)).item() for n, g in sp1_grads.items()}
     return {
-        "native": native, "routing": routing, "sp1": sp1_lp, "sp2": sp2_lp, "padded": padded_lp,
-        "sp2_native": sp2_native, "sp2_recorded": sp2_record.recorded, "sp2_replay_recorded": sp2_replay.recorded,
-        "sp2_experts": torch.stack(sp2_experts, dim=1), "control": control, "grad_rel": max(rel.values()),
+        "native": native,
+        "routing": routing,
+        "sp1": sp1_lp,
+        "sp2": sp2_lp,
+        "padded": padded_lp,
+        "sp2_native": sp2_native,
+        "sp2_recorded": sp2_record.recorded,
+        "sp2_replay_recorded": sp2_replay.recorded,
+        "sp2_experts": torch.stack(sp2_experts, dim=1),
+        "control": control,
+        "grad_rel": max(rel.values()),
         "router_grad": max(g.abs().max().item() for n, g in sp1_grads.items() if n.endswith("gate.weight")),
         "mask": batch["attention_mask"].bool(),
-    }  # fmt: skip
+    }
 
 
 def test_sp2_with_routing_replay_equals_sp1_packed_and_padded():
@@ -149,9 +163,14 @@ def _actor_config(mode: str, rows: int, sp: int = 1):
     from verl.workers.config import FSDPActorConfig, RouterReplayConfig
 
     return FSDPActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=2, ppo_epochs=2,
-        use_torch_compile=False, router_replay=RouterReplayConfig(mode=mode), ulysses_sequence_parallel_size=sp,
-    )  # fmt: skip
+        strategy="fsdp2",
+        ppo_mini_batch_size=rows,
+        ppo_micro_batch_size_per_gpu=2,
+        ppo_epochs=2,
+        use_torch_compile=False,
+        router_replay=RouterReplayConfig(mode=mode),
+        ulysses_sequence_parallel_size=sp,
+    )
 
 
 def _r2_step(actor, data) -> dict:

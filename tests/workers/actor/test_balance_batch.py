@@ -62,9 +62,12 @@ def _update(rank, world_size, port, model, batch, out):
         optimizer = torch.optim.SGD(wrapped.parameters(), lr=1.0)
         rows = len(batch) // world_size
         config = FSDPActorConfig(
-            strategy="fsdp2", ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=2, use_torch_compile=False,
+            strategy="fsdp2",
+            ppo_mini_batch_size=rows,
+            ppo_micro_batch_size_per_gpu=2,
+            use_torch_compile=False,
             use_kl_loss=True,
-        )  # fmt: skip
+        )
         DataParallelPPOActor(config, wrapped, optimizer).update_policy(batch.chunk(world_size)[rank])
         state = adapter.full_state_dict(wrapped)
         if rank == 0:

@@ -15,9 +15,13 @@ from verl.workers.core.model_forward import LogProbOptions
 
 def _config(**overrides) -> FSDPActorConfig:
     base = dict(
-        strategy="fsdp2", ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, ppo_max_token_len_per_gpu=64,
-        use_torch_compile=False, grad_clip=1.0,
-    )  # fmt: skip
+        strategy="fsdp2",
+        ppo_mini_batch_size=8,
+        ppo_micro_batch_size_per_gpu=2,
+        ppo_max_token_len_per_gpu=64,
+        use_torch_compile=False,
+        grad_clip=1.0,
+    )
     base.update(overrides)
     return FSDPActorConfig(**base)
 

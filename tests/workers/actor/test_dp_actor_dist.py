@@ -42,9 +42,12 @@ def _worker(rank, world_size, port, strategy, dynamic, sp, model, batch, out):
             # every rank holds half the rows; sizes are per rank (4 = 8 global rows / 2 ranks)
             shard, rows = batch.chunk(world_size)[rank], 4
         config = _config(
-            strategy, ppo_mini_batch_size=rows, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=30,
+            strategy,
+            ppo_mini_batch_size=rows,
+            use_dynamic_bsz=dynamic,
+            ppo_max_token_len_per_gpu=30,
             ulysses_sequence_parallel_size=sp,
-        )  # fmt: skip
+        )
         metrics = DataParallelPPOActor(config, wrapped, optimizer, **groups).update_policy(shard)
         state = adapter.full_state_dict(wrapped)
         if rank == 0:

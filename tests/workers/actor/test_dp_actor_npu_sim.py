@@ -38,12 +38,15 @@ def _devices(module, optimizer) -> set[str]:
 def _config(strategy: str) -> FSDPActorConfig:
     return omega_conf_to_dataclass(
         {
-            "strategy": strategy, "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4,
-            "use_torch_compile": False, "optim": {"lr": 1e-3, "weight_decay": 0.01},
+            "strategy": strategy,
+            "ppo_mini_batch_size": 8,
+            "ppo_micro_batch_size_per_gpu": 4,
+            "use_torch_compile": False,
+            "optim": {"lr": 1e-3, "weight_decay": 0.01},
             "fsdp_config": {"dtype": "float32", "param_offload": True, "optimizer_offload": True},
         },
         FSDPActorConfig,
-    )  # fmt: skip
+    )
 
 
 def _train(device: str, strategy: str, model_dir: str, batch) -> dict:
@@ -68,9 +71,12 @@ def _train(device: str, strategy: str, model_dir: str, batch) -> dict:
         config = _config(strategy)
         torch.manual_seed(0)
         built = build_fsdp_model(
-            HFModelConfig(path=model_dir), config.fsdp_config, strategy=strategy, mesh=create_device_mesh(1, -1),
+            HFModelConfig(path=model_dir),
+            config.fsdp_config,
+            strategy=strategy,
+            mesh=create_device_mesh(1, -1),
             optim_config=config.optim,
-        )  # fmt: skip
+        )
         module, optimizer = built.module, built.optimizer
         offload_fsdp_model_to_cpu(module)
         actor = DataParallelPPOActor(config, module, optimizer)

@@ -18,9 +18,12 @@ CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 
 def _config(**overrides) -> FSDPActorConfig:
     base = dict(
-        strategy="fsdp2", ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, use_torch_compile=False,
+        strategy="fsdp2",
+        ppo_mini_batch_size=8,
+        ppo_micro_batch_size_per_gpu=2,
+        use_torch_compile=False,
         grad_clip=1e9,
-    )  # fmt: skip
+    )
     base.update(overrides)
     return FSDPActorConfig(**base)
 

@@ -19,9 +19,17 @@ def test_actor_update_plan_by_hand():
     ppo_mini_batch_size 8 prompts x rollout_n 2 / dp 4 = 4 responses per rank per optimizer step; the deprecated
     global micro size 8 / dp 4 = 2 per GPU; token budget 100 x SP 2 = 200 tokens per micro-batch."""
     cfg = FSDPActorConfig(
-        strategy="fsdp2", ppo_mini_batch_size=8, rollout_n=2, ppo_micro_batch_size=8, ppo_max_token_len_per_gpu=100,
-        ulysses_sequence_parallel_size=2, ppo_epochs=3, shuffle=True, data_loader_seed=7, use_torch_compile=False,
-    )  # fmt: skip
+        strategy="fsdp2",
+        ppo_mini_batch_size=8,
+        rollout_n=2,
+        ppo_micro_batch_size=8,
+        ppo_max_token_len_per_gpu=100,
+        ulysses_sequence_parallel_size=2,
+        ppo_epochs=3,
+        shuffle=True,
+        data_loader_seed=7,
+        use_torch_compile=False,
+    )
     assert actor_update_plan(cfg, dp_size=4) == BatchPlan(
         micro_batch_size=2, use_dynamic_bsz=False, max_token_len=200, mini_batch_size=4, epochs=3, shuffle=True, seed=7
     )

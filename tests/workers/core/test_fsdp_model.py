@@ -42,8 +42,15 @@ def _image_batch(vocab: int):
 
     ids = dict(zip(VISION_TOKENS, range(vocab - 4, vocab), strict=True))
     text = torch.tensor([5, 6, 7])
-    seq = torch.cat([text, torch.tensor([ids["vision_start_token_id"]]), torch.full((4,), ids["image_token_id"]),
-                     torch.tensor([ids["vision_end_token_id"]]), text])[None]  # fmt: skip
+    seq = torch.cat(
+        [
+            text,
+            torch.tensor([ids["vision_start_token_id"]]),
+            torch.full((4,), ids["image_token_id"]),
+            torch.tensor([ids["vision_end_token_id"]]),
+            text,
+        ]
+    )[None]
     return dict(
         input_ids=seq,
         attention_mask=torch.ones_like(seq),

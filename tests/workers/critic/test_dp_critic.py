@@ -12,9 +12,14 @@ from verl.workers.critic.dp_critic import DataParallelPPOCritic
 
 def _config(rmpad: bool = True, **overrides) -> FSDPCriticConfig:
     base = dict(
-        strategy="fsdp2", ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, ppo_max_token_len_per_gpu=64,
-        forward_max_token_len_per_gpu=64, grad_clip=1.0, model=FSDPCriticModelCfg(use_remove_padding=rmpad),
-    )  # fmt: skip
+        strategy="fsdp2",
+        ppo_mini_batch_size=8,
+        ppo_micro_batch_size_per_gpu=2,
+        ppo_max_token_len_per_gpu=64,
+        forward_max_token_len_per_gpu=64,
+        grad_clip=1.0,
+        model=FSDPCriticModelCfg(use_remove_padding=rmpad),
+    )
     base.update(overrides)
     return FSDPCriticConfig(**base)
 

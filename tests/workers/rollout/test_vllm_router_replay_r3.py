@@ -89,9 +89,14 @@ def test_r3_actor_replays_the_vllm_routing(moe_checkpoint, request, capsys):
         calls.clear()
         with torch.no_grad():
             result = forward_log_probs(
-                actor, batch, response_length=RESPONSE_LEN, temperature=1.0, calculate_entropy=False,
-                options=LogProbOptions(use_remove_padding=True), routing=routing,
-            )  # fmt: skip
+                actor,
+                batch,
+                response_length=RESPONSE_LEN,
+                temperature=1.0,
+                calculate_entropy=False,
+                options=LogProbOptions(use_remove_padding=True),
+                routing=routing,
+            )
         return result, torch.stack(calls, dim=1)  # the packed stream's (T, L, k)
 
     native, native_ids = log_probs(RoutingStep(router, "record"))

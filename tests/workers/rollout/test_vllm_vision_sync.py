@@ -150,8 +150,14 @@ def setup(tiny_vl_vllm_checkpoint, image_prompts, tmp_path_factory) -> dict:
         fresh[tag] = _observe(engine, image_requests, text_requests)
         release_vllm_rollout(engine)
     reference = {name: tensor for name, tensor in before}
-    return {"before": before, "after": after, "fresh": fresh, "checkpoint_weights": reference,
-            "requests": (image_requests, text_requests), "checkpoint": checkpoint}  # fmt: skip
+    return {
+        "before": before,
+        "after": after,
+        "fresh": fresh,
+        "checkpoint_weights": reference,
+        "requests": (image_requests, text_requests),
+        "checkpoint": checkpoint,
+    }
 
 
 def test_fresh_engine_reads_back_the_checkpoint_vision_weights(setup):

@@ -233,14 +233,35 @@ def forward_log_probs(
     mm = dict(multi_modal_inputs or {})
     if options.use_remove_padding:
         log_probs, entropy = _packed_log_probs(
-            model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-            calculate_entropy, options, fused, mm, ulysses_group, routing,
-        )  # fmt: skip
+            model,
+            lm_head,
+            input_ids,
+            attention_mask,
+            position_ids,
+            response_length,
+            temperature,
+            calculate_entropy,
+            options,
+            fused,
+            mm,
+            ulysses_group,
+            routing,
+        )
     else:
         log_probs, entropy = _padded_log_probs(
-            model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-            calculate_entropy, options, fused, mm, routing,
-        )  # fmt: skip
+            model,
+            lm_head,
+            input_ids,
+            attention_mask,
+            position_ids,
+            response_length,
+            temperature,
+            calculate_entropy,
+            options,
+            fused,
+            mm,
+            routing,
+        )
     out = {"log_probs": log_probs}
     if calculate_entropy:
         out["entropys"] = entropy
@@ -256,8 +277,21 @@ def _row_temperature(temperature, index: torch.Tensor, seqlen: int):
     return temperature.reshape(-1)[index // seqlen]
 
 
-def _packed_log_probs(model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-                      calculate_entropy, options, fused, mm, ulysses_group, routing=None):  # fmt: skip
+def _packed_log_probs(
+    model,
+    lm_head,
+    input_ids,
+    attention_mask,
+    position_ids,
+    response_length,
+    temperature,
+    calculate_entropy,
+    options,
+    fused,
+    mm,
+    ulysses_group,
+    routing=None,
+):
     batch_size, seqlen = input_ids.shape
     packed = pack_padded_batch(input_ids, attention_mask, position_ids)
     rows, flat_idx = _window_rows(packed, response_length)
@@ -281,8 +315,20 @@ def _packed_log_probs(model, lm_head, input_ids, attention_mask, position_ids, r
     return to_window(log_probs), None if entropy is None else to_window(entropy)
 
 
-def _padded_log_probs(model, lm_head, input_ids, attention_mask, position_ids, response_length, temperature,
-                      calculate_entropy, options, fused, mm, routing=None):  # fmt: skip
+def _padded_log_probs(
+    model,
+    lm_head,
+    input_ids,
+    attention_mask,
+    position_ids,
+    response_length,
+    temperature,
+    calculate_entropy,
+    options,
+    fused,
+    mm,
+    routing=None,
+):
     batch_size, seqlen = input_ids.shape
     window = slice(seqlen - response_length - 1, seqlen - 1)
     labels = input_ids[:, window.start + 1 :]  # (B, R): the response tokens

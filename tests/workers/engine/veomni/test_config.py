@@ -57,13 +57,31 @@ def test_config_validation():
     assert VeOmniEngineConfig(ulysses_parallel_size=2).ulysses_sequence_parallel_size == 2
 
 
-def _new_init(dp_size=1, dp_replicate_size=1, dp_shard_size=1, ulysses_size=1, dp_mode="fsdp2", device_type=None,
-              extra_parallel_sizes=(), extra_parallel_names=(), **kwargs):  # fmt: skip
+def _new_init(
+    dp_size=1,
+    dp_replicate_size=1,
+    dp_shard_size=1,
+    ulysses_size=1,
+    dp_mode="fsdp2",
+    device_type=None,
+    extra_parallel_sizes=(),
+    extra_parallel_names=(),
+    **kwargs,
+):
     """Signature of a recent init_parallel_state (generic extra parallel dims)."""
 
 
-def _old_init(dp_size=1, dp_replicate_size=1, dp_shard_size=1, tp_size=1, ep_size=1, pp_size=1, ulysses_size=1,
-              dp_mode="fsdp2", device_type=None):  # fmt: skip
+def _old_init(
+    dp_size=1,
+    dp_replicate_size=1,
+    dp_shard_size=1,
+    tp_size=1,
+    ep_size=1,
+    pp_size=1,
+    ulysses_size=1,
+    dp_mode="fsdp2",
+    device_type=None,
+):
     """Signature of an older init_parallel_state (named ep_size)."""
 
 
@@ -73,9 +91,15 @@ def test_parallel_state_kwargs_pick_the_installed_spelling_of_expert_parallelism
     cfg = VeOmniEngineConfig(expert_parallel_size=2)
     new = parallel_state_kwargs(cfg, 4, "npu", parameter_names(_new_init))
     assert new == {
-        "dp_size": 4, "dp_replicate_size": 1, "dp_shard_size": 4, "ulysses_size": 1, "dp_mode": "fsdp2",
-        "device_type": "npu", "extra_parallel_sizes": (2,), "extra_parallel_names": ("ep",),
-    }  # fmt: skip
+        "dp_size": 4,
+        "dp_replicate_size": 1,
+        "dp_shard_size": 4,
+        "ulysses_size": 1,
+        "dp_mode": "fsdp2",
+        "device_type": "npu",
+        "extra_parallel_sizes": (2,),
+        "extra_parallel_names": ("ep",),
+    }
     old = parallel_state_kwargs(cfg, 4, "cuda", parameter_names(_old_init))
     assert old["ep_size"] == 2 and "extra_parallel_sizes" not in old
     with pytest.raises(RuntimeError, match=r"pip install verl\[veomni\]"):
@@ -110,15 +134,26 @@ def test_foundation_model_kwargs():
     ops = object()
     kwargs = foundation_model_kwargs(VeOmniEngineConfig(model_dtype="bf16"), "/m", "/c", ops_implementation=ops)
     assert kwargs == {
-        "config_path": "/c", "weights_path": "/m", "torch_dtype": "bfloat16", "init_device": "meta",
-        "ops_implementation": ops, "force_use_huggingface": False,
-    }  # fmt: skip
+        "config_path": "/c",
+        "weights_path": "/m",
+        "torch_dtype": "bfloat16",
+        "init_device": "meta",
+        "ops_implementation": ops,
+        "force_use_huggingface": False,
+    }
 
 
-def _build_foundation_model_0_1_12(config_path, weights_path=None, torch_dtype="bfloat16", attn_implementation=None,
-                                   init_device="cuda", config_kwargs=None, encoder_data_balance=False,
-                                   encoder_data_balance_sorting_algo="post_mbs_balancing_greedy_without_pad",
-                                   ops_implementation=None):  # fmt: skip
+def _build_foundation_model_0_1_12(
+    config_path,
+    weights_path=None,
+    torch_dtype="bfloat16",
+    attn_implementation=None,
+    init_device="cuda",
+    config_kwargs=None,
+    encoder_data_balance=False,
+    encoder_data_balance_sorting_algo="post_mbs_balancing_greedy_without_pad",
+    ops_implementation=None,
+):
     """The signature of veomni 0.1.12's build_foundation_model (read from the installed wheel)."""
 
 
@@ -142,13 +177,28 @@ class _MixedPrecisionConfig:
         self.enable = enable
 
 
-def _parallelize_new(model, weights_path=None, enable_reshard_after_forward=True, mixed_precision=None,
-                     enable_gradient_checkpointing=True, basic_modules=None, **kwargs):  # fmt: skip
+def _parallelize_new(
+    model,
+    weights_path=None,
+    enable_reshard_after_forward=True,
+    mixed_precision=None,
+    enable_gradient_checkpointing=True,
+    basic_modules=None,
+    **kwargs,
+):
     """Recent build_parallelize_model."""
 
 
-def _parallelize_old(model, weights_path=None, sharding_plan=None, enable_full_shard=True,
-                     enable_mixed_precision=True, enable_gradient_checkpointing=True, basic_modules=None, **kwargs):  # fmt: skip
+def _parallelize_old(
+    model,
+    weights_path=None,
+    sharding_plan=None,
+    enable_full_shard=True,
+    enable_mixed_precision=True,
+    enable_gradient_checkpointing=True,
+    basic_modules=None,
+    **kwargs,
+):
     """Older build_parallelize_model."""
 
 

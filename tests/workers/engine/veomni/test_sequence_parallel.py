@@ -91,12 +91,21 @@ def test_shard_packed_kwargs_rewrites_the_core_call():
 
     def collator(batch):
         seen.update({k: tuple(v.shape) for k, v in batch.items()})
-        return {"input_ids": batch["input_ids"][..., :3], "position_ids": batch["position_ids"][..., :3],
-                "cu_seq_lens_q": torch.tensor([0, 6])}  # fmt: skip
+        return {
+            "input_ids": batch["input_ids"][..., :3],
+            "position_ids": batch["position_ids"][..., :3],
+            "cu_seq_lens_q": torch.tensor([0, 6]),
+        }
 
-    core = dict(input_ids=torch.ones(1, 6, dtype=torch.long), position_ids=torch.zeros(4, 1, 6, dtype=torch.long),
-                attention_mask={"sdpa": "packed"}, cu_seq_lens_q=torch.tensor([0, 2, 6]), verl_cu_seqlens=1,
-                max_length_q=4, use_cache=False)  # fmt: skip
+    core = dict(
+        input_ids=torch.ones(1, 6, dtype=torch.long),
+        position_ids=torch.zeros(4, 1, 6, dtype=torch.long),
+        attention_mask={"sdpa": "packed"},
+        cu_seq_lens_q=torch.tensor([0, 2, 6]),
+        verl_cu_seqlens=1,
+        max_length_q=4,
+        use_cache=False,
+    )
     sharded, total = shard_packed_kwargs(core, collator)
     assert total == 6 and seen == {"input_ids": (1, 6), "position_ids": (1, 4, 6)}
     assert tuple(sharded["position_ids"].shape) == (4, 1, 3) and tuple(sharded["input_ids"].shape) == (1, 3)
@@ -186,10 +195,14 @@ def _sp2_routing_rank(path: str, batch):
     other = recorded["routed_experts"][torch.tensor([1, 0, 3, 2])]
     control, _ = infer("replay", other)
     return {
-        "routing": recorded["routed_experts"], "replay_recorded": replayed["routed_experts"],
-        "record_ids": record_ids, "replay_ids": replay_ids, "log_probs": recorded["log_probs"],
-        "replay_log_probs": replayed["log_probs"], "control_log_probs": control["log_probs"],
-    }  # fmt: skip
+        "routing": recorded["routed_experts"],
+        "replay_recorded": replayed["routed_experts"],
+        "record_ids": record_ids,
+        "replay_ids": replay_ids,
+        "log_probs": recorded["log_probs"],
+        "replay_log_probs": replayed["log_probs"],
+        "control_log_probs": control["log_probs"],
+    }
 
 
 @pytest.fixture
