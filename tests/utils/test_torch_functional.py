@@ -280,9 +280,12 @@ def test_reexported_names_exist():
     assert missing == []
 
 
-def test_logprobs_kernel_follows_the_tensors_platform(npu_sim, monkeypatch):
+def test_logprobs_kernel_follows_the_tensors_platform(npu_sim, monkeypatch, request):
     """On the simulated Ascend, NPU logits take torch_npu's cross-entropy (Platform.cross_entropy_kernel) and CPU
     logits in the same process the plain formula; both equal log_softmax gathered at the labels."""
+    # the kernel lookup is cached per process (availability does not change in a real run); the simulation does
+    verl_F._npu_cross_entropy.cache_clear()
+    request.addfinalizer(verl_F._npu_cross_entropy.cache_clear)
     calls = []
     real = verl_F.logprobs_from_logits_torch_npu
 
