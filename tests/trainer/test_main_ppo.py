@@ -177,3 +177,22 @@ def test_unknown_task_runner_place_is_refused_naming_the_key():
 
     with pytest.raises(ConfigError, match=r"task_runner.*auto \| actor \| driver"):
         RayKwargsConfig(task_runner="elsewhere")
+
+
+def test_driver_config_check_does_not_import_tensordict():
+    """prepare_config runs before ray.init, on the start-up's critical path: it must not import tensordict (which
+    imports torch._dynamo, ~1.7 s here); the rollout-name check reads verl.workers.rollout.registry, not .base.
+    Run in a fresh interpreter, since this test process has imported everything already."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_module\n"
+        "from verl.trainer.main_ppo import prepare_config\n"
+        "with initialize_config_module('verl.trainer.config', version_base=None):\n"
+        "    prepare_config(compose('quickstart_cpu'))\n"
+        "print(sorted(m for m in ('tensordict', 'torch._dynamo', 'verl.protocol') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
