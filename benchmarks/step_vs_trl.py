@@ -16,6 +16,9 @@ side the median over all kept steps of all rounds, and the ratio as the median o
 per-round medians, so that load from other jobs on a shared machine, which moves both sides of a round together,
 cancels as far as it can. Start-up is launch -> the first step begins (first metrics line minus that step's time).
 
+``--padded`` adds a third side to every round: this project again with ``use_remove_padding=False`` (the padded
+(64, L) batch instead of the packed row), in the same alternating order, and prints packed / padded per phase.
+
 TRL is not a dependency of this package: make ``bench-trl`` creates ``/tmp/venv-trl`` (see benchmarks/README.md)
 and ``--trl-python`` points at it.
 """
@@ -247,6 +250,28 @@ def print_report(ours: list[dict], trl: list[dict], drop: int, ours_label: str) 
     print("UNMATCHED: " + "\n           ".join(UNMATCHED))
 
 
+PADDED_OVERRIDE = "actor_rollout_ref.model.use_remove_padding=False"
+
+
+def print_packed_vs_padded(packed: list[dict], padded: list[dict], drop: int) -> None:
+    """This project's packed run (``use_remove_padding=True``, the quickstart's) against its padded run."""
+    rounds = len(packed)
+    print(f"\nthis project, packed vs padded ({PADDED_OVERRIDE}), {rounds} rounds, medians (s)")
+    print(f"| phase | packed | padded | ratio packed / padded (median of per-round ratios, {rounds} rounds) |")
+    print("|---|---|---|---|")
+    for label, _, _ in PHASES:
+        if median_of(packed, label, drop) is None:
+            continue
+        print(
+            f"| {label} | {fmt(median_of(packed, label, drop))} | {fmt(median_of(padded, label, drop))} "
+            f"| {fmt(ratio_of(packed, padded, label, drop), 2)} |"
+        )
+    for name, runs in (("packed", packed), ("padded", padded)):
+        n = min(len(r["steps"]) for r in runs)
+        curve = [statistics.mean(r["steps"][i]["reward"] for r in runs) for i in range(n)]
+        print(f"  mean reward per step, {name}: " + " ".join(f"{v:.2f}" for v in curve))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -257,6 +282,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--quick", action="store_true", help="1 round x 4 steps (smoke test)")
     parser.add_argument("--label", default="this project", help="what the 'ours' side is (for the table title)")
+    parser.add_argument("--padded", action="store_true", help=f"also run this project with {PADDED_OVERRIDE}")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for this project's run")
     args = parser.parse_args()
     if args.quick:
@@ -267,22 +293,26 @@ def main() -> int:
 
     paths = prepare(args.dir)
     paths["root"] = args.dir
-    ours, trl = [], []
+    runs: dict[str, list[dict]] = {"ours": [], "trl": [], "padded": []}
+    sides = ("ours", "trl", "padded") if args.padded else ("ours", "trl")
     for i in range(args.rounds):
-        order = ("ours", "trl") if i % 2 == 0 else ("trl", "ours")
+        order = sides if i % 2 == 0 else sides[::-1]
         for side in order:
             t0 = time.perf_counter()
-            if side == "ours":
-                ours.append(run_ours(paths, args.steps, args.overrides, args.timeout))
+            if side == "trl":
+                runs[side].append(run_trl(paths, args.steps, args.trl_python, args.timeout))
             else:
-                trl.append(run_trl(paths, args.steps, args.trl_python, args.timeout))
-            last = (ours if side == "ours" else trl)[-1]
+                extra = [PADDED_OVERRIDE] if side == "padded" else []
+                runs[side].append(run_ours(paths, args.steps, [*args.overrides, *extra], args.timeout))
+            last = runs[side][-1]
             print(
-                f"round {i + 1}/{args.rounds} {side:>4}: {time.perf_counter() - t0:5.1f} s, start-up "
+                f"round {i + 1}/{args.rounds} {side:>6}: {time.perf_counter() - t0:5.1f} s, start-up "
                 f"{last['startup']:.1f} s, step median {fmt(median_of([last], 'whole step', args.drop))} s",
                 flush=True,
             )
-    print_report(ours, trl, args.drop, args.label)
+    print_report(runs["ours"], runs["trl"], args.drop, args.label)
+    if args.padded:
+        print_packed_vs_padded(runs["ours"], runs["padded"], args.drop)
     return 0
 
 

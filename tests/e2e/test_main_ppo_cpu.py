@@ -270,7 +270,14 @@ def test_killed_launcher_commits_no_checkpoint_after_the_kill(assets, tmp_path):
     global_step_k after the kill (Ray alone does not stop it in time). The commit check on its own is proven by
     tests/utils/test_driver_watch.py.
     """
-    common = ("trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.val_before_train=False")
+    # The TaskRunner as a Ray actor (upstream's layout): the case the watchdog exists for. In the driver
+    # (ray_kwargs.task_runner=auto on one node) the trainer dies with the killed launcher itself.
+    common = (
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=False",
+        "ray_kwargs.task_runner=actor",
+    )
     ckpt = tmp_path / "ckpt"
     process = subprocess.Popen(
         _command(assets, tmp_path, *common),

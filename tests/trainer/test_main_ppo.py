@@ -146,3 +146,53 @@ def compose_ppo(overrides=()):
 
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+def _placement_config(task_runner="auto", address=None, nnodes=1):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create(
+        {"ray_kwargs": {"task_runner": task_runner, "ray_init": {"address": address}}, "trainer": {"nnodes": nnodes}}
+    )
+
+
+def test_task_runner_runs_in_the_driver_only_for_a_run_that_starts_its_own_one_node_ray(monkeypatch):
+    """auto: in the driver for a local one-node run; a Ray actor (upstream's layout) when the run connects to a
+    cluster (ray_init.address or $RAY_ADDRESS) or spans nodes; actor/driver force either."""
+    from verl.trainer.main_ppo import task_runner_in_driver
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert task_runner_in_driver(_placement_config())
+    assert not task_runner_in_driver(_placement_config(address="127.0.0.1:6379"))
+    assert not task_runner_in_driver(_placement_config(nnodes=2))
+    assert not task_runner_in_driver(_placement_config(task_runner="actor"))
+    assert task_runner_in_driver(_placement_config(task_runner="driver", address="127.0.0.1:6379"))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert not task_runner_in_driver(_placement_config())
+
+
+def test_unknown_task_runner_place_is_refused_naming_the_key():
+    from verl.base_config import ConfigError
+    from verl.trainer.config import RayKwargsConfig
+
+    with pytest.raises(ConfigError, match=r"task_runner.*auto \| actor \| driver"):
+        RayKwargsConfig(task_runner="elsewhere")
+
+
+def test_driver_config_check_does_not_import_tensordict():
+    """prepare_config runs before ray.init, on the start-up's critical path: it must not import tensordict (which
+    imports torch._dynamo, ~1.7 s here); the rollout-name check reads verl.workers.rollout.registry, not .base.
+    Run in a fresh interpreter, since this test process has imported everything already."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_module\n"
+        "from verl.trainer.main_ppo import prepare_config\n"
+        "with initialize_config_module('verl.trainer.config', version_base=None):\n"
+        "    prepare_config(compose('quickstart_cpu'))\n"
+        "print(sorted(m for m in ('tensordict', 'torch._dynamo', 'verl.protocol') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

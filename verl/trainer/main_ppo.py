@@ -2,14 +2,17 @@
 
 Everything a user can get wrong in the config is checked here, on the driver, before Ray starts: the device
 (``trainer.device=npu`` without torch_npu/CANN), a logger whose package is missing, unknown keys, and the
-batch-size arithmetic. Then a
-``TaskRunner`` Ray actor builds the tokenizer, datasets, reward functions and the :class:`RayPPOTrainer`.
+batch-size arithmetic. Then the ``TaskRunner`` builds the tokenizer, datasets, reward functions and the
+:class:`RayPPOTrainer` and runs it: in the driver process when this run starts its own one-node Ray (it then builds
+the data while Ray starts), else as a Ray actor as upstream does (``ray_kwargs.task_runner``).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import hydra
@@ -124,8 +127,19 @@ def init_ray(config: DictConfig) -> None:
     ray.init(include_dashboard=False, **ray_init_kwargs(config.ray_kwargs.ray_init))
 
 
+def task_runner_in_driver(config: DictConfig) -> bool:
+    """Whether the TaskRunner runs in this process (``ray_kwargs.task_runner``; ``auto``: when this run starts its
+    own one-node Ray, where an actor would only add a process start and a second import of the trainer)."""
+    place = config.ray_kwargs.get("task_runner", "auto")
+    if place != "auto":
+        return place == "driver"
+    address = config.ray_kwargs.ray_init.get("address") or os.environ.get("RAY_ADDRESS")
+    return not address and config.trainer.nnodes == 1 and not ray.is_initialized()
+
+
 def run_ppo(config: DictConfig, typed_config: PPOTrainerConfig | None = None) -> None:
-    """Start (or attach to) Ray, run the TaskRunner actor to completion.
+    """Start (or attach to) Ray, run the TaskRunner to completion (in this process or as a Ray actor, see
+    :func:`task_runner_in_driver`).
 
     ``typed_config``: the ``PPOTrainerConfig`` of :func:`prepare_config`; None validates ``config`` in the
     TaskRunner (a caller that builds its own DictConfig, as upstream's ``run_ppo(config)``).
@@ -135,6 +149,9 @@ def run_ppo(config: DictConfig, typed_config: PPOTrainerConfig | None = None) ->
     """
     from verl.single_controller.ray.worker_loss import WorkerLostError
 
+    if task_runner_in_driver(config):
+        TaskRunner().run_in_driver(copy.deepcopy(config), typed_config)  # a copy, as the actor gets one
+        return
     if not ray.is_initialized():
         init_ray(config)
     runner = ray.remote(num_cpus=1)(TaskRunner).options(**_on_driver_node()).remote()
@@ -182,18 +199,35 @@ def resume_hint(trainer_config) -> str:
 
 
 class TaskRunner:
-    """Builds every component on a Ray node and runs training (a Ray actor, so the driver stays light)."""
+    """Builds every component and runs training: as a Ray actor (upstream's layout, so the driver stays light) or
+    in the driver process (:meth:`run_in_driver`)."""
 
     def run(self, config: DictConfig, typed_config: PPOTrainerConfig | None = None) -> None:
-        """Build and train. ``typed_config`` (the validated ``PPOTrainerConfig``) supplies the data and reward
-        settings; None validates ``config`` here."""
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-        from verl.trainer.ppo.reward import load_reward_manager
-        from verl.utils.dataset.rl_dataset import collate_fn
+        """The Ray actor's entry point (Ray is up). ``typed_config`` (the validated ``PPOTrainerConfig``) supplies
+        the data and reward settings; None validates ``config`` here."""
         from verl.utils.driver_watch import start_driver_watch
-        from verl.utils.tokenizer import hf_processor, hf_tokenizer
 
         start_driver_watch("the TaskRunner")  # a dead driver stops the trainer at once (no save after it)
+        self.train(config, self.build_components(config, typed_config))
+
+    def run_in_driver(self, config: DictConfig, typed_config: PPOTrainerConfig | None = None) -> None:
+        """Build the data (tokenizer, datasets, reward functions: no Ray needed) in a thread while this thread
+        starts Ray, then train here. The driver is the trainer, so nothing has to watch it."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-data") as pool:
+            components = pool.submit(self.build_components, config, typed_config)
+            if not ray.is_initialized():
+                init_ray(config)
+            built = components.result()
+        self.train(config, built)
+
+    @staticmethod
+    def build_components(config: DictConfig, typed_config: PPOTrainerConfig | None = None) -> dict[str, Any]:
+        """The trainer's inputs that need no Ray: tokenizer, processor, datasets, sampler, reward functions
+        (``typed_config``: see :meth:`run`)."""
+        from verl.trainer.ppo.reward import load_reward_manager
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.utils.tokenizer import hf_processor, hf_tokenizer
+
         OmegaConf.resolve(config)
         typed_config = validate_typed(config) if typed_config is None else typed_config
         model_path = os.path.expanduser(config.actor_rollout_ref.model.path)
@@ -201,12 +235,9 @@ class TaskRunner:
         tokenizer = hf_tokenizer(model_path, trust_remote_code=trust_remote_code)
         processor = hf_processor(model_path, trust_remote_code=trust_remote_code, use_fast=True)
         train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, True)
-        trainer = RayPPOTrainer(
-            config=config,
+        return dict(
             tokenizer=tokenizer,
             processor=processor,
-            role_worker_mapping=self.role_worker_mapping(config),
-            resource_pool_manager=self.resource_pool_manager(config),
             reward_fn=load_reward_manager(typed_config, tokenizer, num_examine=0),
             val_reward_fn=load_reward_manager(typed_config, tokenizer, num_examine=1),
             train_dataset=train_dataset,
@@ -214,8 +245,18 @@ class TaskRunner:
             collate_fn=collate_fn,
             train_sampler=create_rl_sampler(typed_config.data, train_dataset),
         )
-        from verl.single_controller.ray.worker_loss import WorkerLostError, describe_placement
 
+    def train(self, config: DictConfig, components: dict[str, Any]) -> None:
+        """Build the :class:`RayPPOTrainer` from ``components``, start its workers and fit."""
+        from verl.single_controller.ray.worker_loss import WorkerLostError, describe_placement
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+        trainer = RayPPOTrainer(
+            config=config,
+            role_worker_mapping=self.role_worker_mapping(config),
+            resource_pool_manager=self.resource_pool_manager(config),
+            **components,
+        )
         try:
             trainer.init_workers()
             placement = describe_placement(trainer.actor_rollout_wg.worker_group.worker_node_ids)

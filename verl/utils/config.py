@@ -251,7 +251,7 @@ def validate_config(config: Any, use_reference_policy: bool, use_critic: bool) -
 
 def _check_rollout_name(config: Any) -> None:
     """``rollout.name`` is set and names a registered rollout (an unknown name would only fail at worker build)."""
-    from verl.workers.rollout.base import registered_rollouts
+    from verl.workers.rollout.registry import registered_rollouts
 
     name, valid = config.actor_rollout_ref.rollout.name, registered_rollouts()
     if name in ("???", None, ""):

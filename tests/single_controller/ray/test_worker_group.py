@@ -252,3 +252,27 @@ def test_worker_env_check_refuses_the_visible_devices_variable():
         "HCCL_CONNECT_TIMEOUT": "1800"
     }
     assert checked_worker_env(None, None) == {}
+
+
+def test_master_port_is_picked_here_when_rank0_is_on_this_node(pool, probe_group, monkeypatch):
+    """Rank 0's slot on the caller's node: address and port come from this process (no Ray task, whose fresh worker
+    process cost seconds at start-up); a slot on another node still gets them from a task scheduled into it."""
+    from verl.single_controller.base.worker import get_node_ip
+    from verl.single_controller.ray import worker_group
+    from verl.single_controller.ray.worker_loss import slot_node_ids
+
+    slots = pool.bundle_slots()
+    here = slot_node_ids(slots)[0]
+    task = worker_group._pick_master_addr_port
+
+    class NoTask:
+        def options(self, **kwargs):
+            raise AssertionError("a Ray task was started to pick the port of a slot on this node")
+
+    monkeypatch.setattr(worker_group, "_pick_master_addr_port", NoTask())
+    addr, port = worker_group._master_addr_port(slots[0], here)
+    assert addr == get_node_ip() and port.isdigit()
+    assert probe_group.master_address == get_node_ip()  # the group built by the fixture took the same path
+    monkeypatch.setattr(worker_group, "_pick_master_addr_port", task)
+    addr, port = worker_group._master_addr_port(slots[0], "another-node")  # as if rank 0 were elsewhere
+    assert addr == get_node_ip() and port.isdigit()

@@ -4,7 +4,8 @@ Rank ``r`` runs in slot ``r`` of the pool and gets the torchrun-style environmen
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) plus ``VERL_PLATFORM`` (so workers use
 the driver's device platform) and the platform's collective-backend variables, plus the caller's ``worker_env``. Ray sets the visible-devices
 variable (``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``) from the accelerator share the actor asks
-for. ``MASTER_ADDR`` / ``MASTER_PORT`` are picked by a tiny task on rank 0's node before any worker starts.
+for. ``MASTER_ADDR`` / ``MASTER_PORT`` are picked on rank 0's node before any worker starts: by the caller when
+rank 0's slot is on the caller's own node (the one-node case), else by a tiny task there.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def unwrap_actor_class(cls: Any) -> type:
 @ray.remote(num_cpus=0)
 def _pick_master_addr_port() -> tuple[str, str]:
     return get_node_ip(), str(get_free_port())
+
+
+def _master_addr_port(slot: Any, node_id: str) -> tuple[str, str]:
+    """Address and a free port on ``node_id``, rank 0's node: picked here when that is this process's node (no
+    task, whose fresh worker process costs seconds at start-up), else by a task scheduled into rank 0's slot."""
+    try:
+        here = ray.get_runtime_context().get_node_id()
+    except Exception:  # a Ray client driver has no node of its own
+        here = None
+    if here == node_id:
+        return get_node_ip(), str(get_free_port())
+    first = PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index)
+    return ray.get(_pick_master_addr_port.options(scheduling_strategy=first).remote())
 
 
 def checked_worker_env(worker_env: dict[str, Any] | None, visible_devices_envvar: str | None) -> dict[str, str]:
@@ -178,10 +192,8 @@ class RayWorkerGroup(WorkerGroup):
     ) -> None:
         resource_pool.get_placement_groups(strategy="STRICT_PACK" if bin_pack else "PACK", device_name=self.device_name)
         slots = resource_pool.bundle_slots()
-        first = PlacementGroupSchedulingStrategy(slots[0].placement_group, slots[0].bundle_index)
-        self._master_addr, self._master_port = ray.get(
-            _pick_master_addr_port.options(scheduling_strategy=first).remote()
-        )
+        self._worker_node_ids = slot_node_ids(slots)
+        self._master_addr, self._master_port = _master_addr_port(slots[0], self._worker_node_ids[0])
         cls_name = re.sub(r"^ActorClass\((.*)\)$", r"\1", unwrap_actor_class(ray_cls_with_init.cls).__name__)
         for rank, slot in enumerate(slots):
             name = f"{self.name_prefix}{cls_name}_{rank}:{slot.local_rank}"
@@ -197,7 +209,6 @@ class RayWorkerGroup(WorkerGroup):
             )
             self._workers.append(worker)
             self._worker_names.append(name)
-        self._worker_node_ids = slot_node_ids(slots)
         # Wait for every constructor, so a failing __init__ surfaces here and not at the first method call.
         ray.get([worker.__ray_ready__.remote() for worker in self._workers])
 

@@ -14,6 +14,7 @@ LOGGER_BACKENDS = SUPPORTED_BACKENDS
 """Experiment-tracking backends of verl.utils.tracking.Tracking (one list: what Tracking builds is what validates)."""
 
 DEVICES = ("cpu", "cuda", "npu")
+TASK_RUNNER_PLACES = ("auto", "actor", "driver")
 
 RAY_RUNTIME_ENV_FIELDS = (
     "py_executable",
@@ -188,3 +189,12 @@ class RayKwargsConfig(BaseConfig):
 
     timeline_json_file: Optional[str] = None
     """Write a Ray timeline here at the end; null = off."""
+
+    task_runner: str = "auto"
+    """Where the TaskRunner (tokenizer, datasets, the trainer's loop) runs: ``actor`` = a Ray actor (upstream's
+    layout, needed on a cluster the driver only connects to), ``driver`` = in the driver process, ``auto`` = in the
+    driver when this run starts its own one-node Ray (no ``ray_init.address``, no ``$RAY_ADDRESS``,
+    ``trainer.nnodes=1``), else an actor. In the driver it saves the actor's process start and imports at launch."""
+
+    def __post_init__(self) -> None:
+        require_choice("task_runner", self.task_runner, TASK_RUNNER_PLACES)

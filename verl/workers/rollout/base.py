@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.workers.rollout.registry import _MODES, _ROLLOUT_REGISTRY, register_rollout, registered_rollouts
 
 __all__ = ["BaseRollout", "generation_seed", "get_rollout_class", "register_rollout", "registered_rollouts"]
 
@@ -66,27 +67,6 @@ class BaseRollout(ABC):
     async def release(self) -> None:
         """Free the engine's device memory (weights and KV cache) for the training phase (default: none held)."""
         return None
-
-
-# name -> (module, attribute, the engine package the module needs or None)
-_ROLLOUT_REGISTRY: dict[str, tuple[str, str, str | None]] = {
-    "hf": ("verl.workers.rollout.hf_rollout", "HFRollout", None),
-    "vllm": ("verl.workers.rollout.vllm_rollout", "vLLMRollout", "vllm"),
-}
-_MODES = ("async", "sync")
-
-
-def register_rollout(name: str, module: str, attribute: str, requires: str | None = None) -> None:
-    """Make ``rollout.name=<name>`` resolve to ``module.attribute`` (imported on first use)."""
-    existing = _ROLLOUT_REGISTRY.get(name)
-    if existing is not None and existing != (module, attribute, requires):
-        raise ValueError(f"rollout {name!r} is already registered as {existing[0]}.{existing[1]}")
-    _ROLLOUT_REGISTRY[name] = (module, attribute, requires)
-
-
-def registered_rollouts() -> list[str]:
-    """The values ``actor_rollout_ref.rollout.name`` accepts (the driver checks it against these before Ray)."""
-    return sorted(_ROLLOUT_REGISTRY)
 
 
 def get_rollout_class(rollout_name: str, mode: str = "async") -> type[BaseRollout]:
