@@ -26,15 +26,8 @@ from verl.workers.core.batch_plan import BatchPlan, ForwardSwitches, per_rank_up
 from verl.workers.core.losses import actor_loss
 from verl.workers.core.micro_forward import MODEL_INPUT_KEYS, policy_forward, select_inputs
 from verl.workers.core.model_forward import LogProbOptions
-from verl.workers.core.optimizer_step import clip_grad_and_step
 from verl.workers.core.routing import engine_routing_mode, replay_router, routing_keys
-from verl.workers.core.update_loop import (
-    forward_backward,
-    forward_only,
-    optimizer_step,
-    prefixed_engine_metrics,
-    run_mini_batches,
-)
+from verl.workers.core.update_loop import clipped_updates, forward_only, prefixed_engine_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -160,24 +153,21 @@ class DataParallelPPOActor(BasePPOActor):
                 micro_batch.batch["old_log_probs"] = outputs["log_probs"].detach()
             return outputs
 
-        def train_step(mini_batch: DataProto) -> dict[str, float]:
-            return optimizer_step(
-                lambda: forward_backward(
-                    mini_batch, self.update_plan, forward, partial(actor_loss, self.config), dp_group=self.dp_group
-                )[1],
-                self._zero_grad,
-                lambda: clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.grad_clip),
-            )
-
         self.actor_module.train()
         try:
-            metrics = run_mini_batches(data, self.update_plan, train_step, self._zero_grad)
+            metrics = clipped_updates(
+                data,
+                self.update_plan,
+                forward,
+                partial(actor_loss, self.config),
+                self.actor_module,
+                self.actor_optimizer,
+                self.config.grad_clip,
+                dp_group=self.dp_group,
+            )
         finally:
             self._stop_routing()
         return prefixed_engine_metrics(metrics, "actor")
-
-    def _zero_grad(self) -> None:
-        self.actor_optimizer.zero_grad(set_to_none=True)
 
     def _stop_routing(self) -> None:
         """Replay stays on through each backward (checkpoint recomputes); off afterwards, so the next forward of
