@@ -1,27 +1,17 @@
 """Legacy FSDP workers (upstream ``verl.workers.fsdp_workers``): ``ActorRolloutRefWorker`` and ``CriticWorker``.
 
-Each worker is one process of a worker group; the driver reaches it only through ``@register``-ed methods
-(typed facades in ``verl.trainer.ppo.worker_groups``). One training step touches them in this order::
-
-    generate_sequences   (rollout: hf generates with the actor module;  mesh "rollout"
-                          vllm gets the weights streamed in first)
-    compute_log_prob     (actor, old log-probs + entropy for the metric) mesh "actor"
-    compute_ref_log_prob (reference policy)                              mesh "ref"
-    compute_values / update_critic                                       CriticWorker, mesh "critic"
-    update_actor                                                         mesh "actor"
-    save_checkpoint / load_checkpoint                                    every rank
-
-Every data-parallel rank gets its own shard of the batch (n-d mesh dispatch); with Ulysses SP
-(``ulysses_sequence_parallel_size`` = sp) the sp ranks of one group share a shard and split its token stream. The
-maths and the orchestration are in ``verl.workers.core`` (shared with the engine path): the loops
-(``update_loop``), per-rank sizes (``batch_plan``: the config keeps its global values), offload (``placement``:
-parameters and optimizer state on the host between phases, so every tensor a phase touches is on ONE device), role
-parsing and generation (``roles``). This module wires models and RPC.
+Their RPC methods and the order one training step calls them in are ``verl.workers.core.roles``' (shared with the
+engine path). What is legacy here is who runs a phase: upstream's ``DataParallelPPOActor``/``DataParallelPPOCritic``
+over a model built, sharded and offloaded by the FSDP engine's lifecycle (``FSDPEngine.initialize``: model,
+optimizer, lr schedule, ``Placement``, checkpoint manager), the same build as the engine path's. Every
+data-parallel rank gets its own shard of the batch (n-d mesh dispatch); with Ulysses SP the sp ranks of one group
+share a shard and split its token stream.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,19 +19,16 @@ import torch
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-from verl.utils.fsdp_utils import create_device_mesh
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config.actor import ActorConfig
 from verl.workers.config.critic import FSDPCriticConfig
 from verl.workers.config.ref import RefConfig
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.core.batch_plan import actor_update_plan
-from verl.workers.core.fsdp_model import FSDPModel, build_fsdp_model
 from verl.workers.core.model_forward import LogProbOptions
-from verl.workers.core.placement import Placement
 from verl.workers.core.roles import ActorRolloutRefRPC, CriticRPC
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngine, FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -53,16 +40,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["ActorRolloutRefWorker", "CriticWorker"]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# actor / rollout / reference policy
-# ----------------------------------------------------------------------------------------------------------------
-
-
 class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
     """Policy worker: any combination of actor (training), rollout (generation) and reference policy.
 
-    The RPC methods are ``core.roles.ActorRolloutRefRPC``'s; this class builds the models and runs each phase on
-    ``DataParallelPPOActor`` under the policy's offload placement.
+    The RPC methods are ``core.roles.ActorRolloutRefRPC``'s; this class runs each phase on ``DataParallelPPOActor``
+    with the policy's parameters (and, to update, optimizer state) on the device (``FSDPEngine.placement``).
 
     Args:
         config: ``actor_rollout_ref``: an ``ActorRolloutRefConfig`` or its DictConfig node (converted once).
@@ -76,63 +58,46 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
         self.actor_config = self.config.actor
         self.rollout_config: RolloutConfig = self.config.rollout
         self.ref_config: RefConfig | None = self.config.ref if self._is_ref else None
-        self.layout.build_groups()
         self.update_plan = actor_update_plan(self.actor_config, self.dp_size) if self._is_actor else None
         self.actor = self.ref_policy = self.checkpoint_manager = None
 
-    # ------------------------------------------------------------------------------------------------ building
-    def _build_model(
-        self, config: ActorConfig | RefConfig, role: str, training: bool = False
-    ) -> tuple[FSDPModel, DataParallelPPOActor]:
-        """The role's FSDP model (``core.fsdp_model``) and the ``DataParallelPPOActor`` over it."""
-        fsdp_config = config.fsdp_config
-        built = build_fsdp_model(
+    def _build(
+        self, config: ActorConfig | RefConfig, role: str, training: bool
+    ) -> tuple[FSDPEngine, DataParallelPPOActor]:
+        """The role's sharded model (the FSDP engine's build, forward-only unless ``training``) and the
+        ``DataParallelPPOActor`` over it."""
+        engine = FSDPEngineWithLMHead(
             self.model_config,
-            fsdp_config,
-            strategy=config.strategy,
-            mesh=create_device_mesh(self.world_size, fsdp_config.fsdp_size),
-            optim_config=config.optim if training else None,
-            forward_only=not training,
+            config.fsdp_config if training else replace(config.fsdp_config, forward_only=True),
+            config.optim if training else None,
+            config.checkpoint if training else None,
+            processing_class=self.model_config.tokenizer,
             role=f"actor_rollout_ref.{role}",
             freeze_vision_tower=training and config.freeze_vision_tower,
         )
-        options = LogProbOptions.from_config(
-            config, self.model_config.use_remove_padding, self.model_config.use_fused_kernels
+        engine.initialize()
+        model = self.model_config
+        options = LogProbOptions.from_config(config, model.use_remove_padding, model.use_fused_kernels)
+        plan, groups = self.update_plan if training else None, engine.layout.groups()
+        return engine, DataParallelPPOActor(
+            config, engine.module, engine.optimizer, options, update_plan=plan, **groups
         )
-        plan = self.update_plan if training else None
-        groups = self.layout.groups()
-        return built, DataParallelPPOActor(config, built.module, built.optimizer, options, update_plan=plan, **groups)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Build the models of this worker's role (policy + optimizer, rollout, reference), then offload."""
+        """Build the models of this worker's role (policy + optimizer, rollout, reference), offloaded as configured."""
         torch.manual_seed(self.actor_config.fsdp_config.seed)
         if self._is_actor or self._is_rollout:
-            built, self.actor = self._build_model(self.actor_config, "actor", training=self._is_actor)
-            self.actor_module_fsdp, self.actor_optimizer, self.actor_lr_scheduler = (
-                built.module,
-                built.optimizer,
-                built.lr_scheduler,
-            )
-            placement = Placement.from_config(self.actor_config.fsdp_config, forward_only=not self._is_actor)
-            self._actor_placement = placement.bind(built.module, built.optimizer)
+            engine, self.actor = self._build(self.actor_config, "actor", training=self._is_actor)
+            self.actor_module_fsdp, self.actor_optimizer = engine.module, engine.optimizer
+            self.actor_lr_scheduler, self._actor_placement = engine.lr_scheduler, engine.placement
+            self.checkpoint_manager = engine.checkpoint_manager if self._is_actor else None
         if self._is_rollout:
             self._build_rollout(self.actor_module_fsdp, self._actor_placement.param_offload)
         if self._is_ref:
-            built_ref, self.ref_policy = self._build_model(self.ref_config, "ref")
-            self.ref_module_fsdp = built_ref.module
-        if self._is_actor:
-            self.checkpoint_manager = FSDPCheckpointManager(
-                self.actor_module_fsdp,
-                self.actor_optimizer,
-                self.actor_lr_scheduler,
-                processing_class=self.model_config.tokenizer,
-                checkpoint_config=self.actor_config.checkpoint,
-            )
-        if self._is_actor or self._is_rollout:
-            self._actor_placement.offload()
+            ref_engine, self.ref_policy = self._build(self.ref_config, "ref", training=False)
+            self.ref_module_fsdp = ref_engine.module
 
-    # ------------------------------------------------------------------------------------------------ phases
     def _log_probs(self, data: DataProto, which: str) -> dict[str, torch.Tensor]:
         if which == "ref":
             return self.ref_policy.compute_log_prob(data, calculate_entropy=False)
@@ -151,44 +116,27 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
         return self.checkpoint_manager, self._actor_placement.on_device(optimizer=True)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# critic
-# ----------------------------------------------------------------------------------------------------------------
-
-
 class CriticWorker(CriticRPC, Worker):
     """Value-model worker. ``config``: ``critic`` (``FSDPCriticConfig`` or its DictConfig node, converted once).
-    The RPC methods are ``core.roles.CriticRPC``'s, run on ``DataParallelPPOCritic`` under its placement."""
+    The RPC methods are ``core.roles.CriticRPC``'s, run on ``DataParallelPPOCritic`` (built as the actor's)."""
 
     def __init__(self, config: FSDPCriticConfig | DictConfig, **kwargs: Any):
         super().__init__()
         self._start(config)
-        self.layout.build_groups()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        model_cfg = self.config.model
-        fsdp_config = model_cfg.fsdp_config
-        torch.manual_seed(fsdp_config.seed)
-        built = build_fsdp_model(
-            model_cfg,
-            fsdp_config,
-            strategy=self.config.strategy,
-            mesh=create_device_mesh(self.world_size, fsdp_config.fsdp_size),
-            optim_config=self.config.optim,
-            value_head=True,
-            role="critic",
-        )
-        self.critic_module, self.critic_optimizer = built.module, built.optimizer
-        self.critic_lr_scheduler = built.lr_scheduler
-        self._placement = Placement.from_config(fsdp_config, forward_only=False).bind(built.module, built.optimizer)
+        cfg = self.config
+        torch.manual_seed(cfg.model.fsdp_config.seed)
+        engine = FSDPEngineWithValueHead(cfg.model, cfg.model.fsdp_config, cfg.optim, cfg.checkpoint, role="critic")
+        engine.initialize()
+        self.critic_module, self.critic_optimizer = engine.module, engine.optimizer
+        self.critic_lr_scheduler, self._placement = engine.lr_scheduler, engine.placement
+        self.checkpoint_manager = engine.checkpoint_manager
+        groups = engine.layout.groups()
         self.critic = DataParallelPPOCritic(
-            self.config, built.module, built.optimizer, update_plan=self.update_plan, **self.layout.groups()
+            cfg, engine.module, engine.optimizer, update_plan=self.update_plan, **groups
         )
-        self.checkpoint_manager = FSDPCheckpointManager(
-            built.module, built.optimizer, built.lr_scheduler, checkpoint_config=self.config.checkpoint
-        )
-        self._placement.offload()
 
     def _values(self, data: DataProto) -> torch.Tensor:
         with self._placement.on_device():
