@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,7 @@ from verl.workers.core.micro_forward import MODEL_INPUT_KEYS, select_inputs
 from verl.workers.core.process_group import init_process_group
 from verl.workers.core.roles import ActorRolloutRefRPC, CheckpointRPC, CriticRPC
 from verl.workers.core.routing import ROUTER_REPLAY_META_KEY, engine_routing_mode, routing_keys
-from verl.workers.core.update_loop import prefixed_engine_metrics, run_mini_batches
+from verl.workers.core.update_loop import prefixed_engine_metrics, run_mini_batches, scheduled_update
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.base import LossFunction
 from verl.workers.engine.losses import ppo_loss, value_loss
@@ -198,39 +198,13 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
         self.actor: TrainingWorker | None = None
         self.ref: TrainingWorker | None = None
 
-    # ------------------------------------------------------------------------------------------------ building
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        """Build this role's engines (policy: trainable with the PPO loss, or forward-only for a rollout-only
-        worker; frozen reference) and the rollout on the policy's module."""
-        cfg = self.config
-        torch.manual_seed(cfg.actor.engine_config.seed)
-        if self._is_actor or self._is_rollout:
-            self.actor = self._build_policy()
-        if self._is_rollout:
-            self._build_rollout(self.actor.engine.module, self.actor.engine.is_param_offload_enabled)
-        if self._is_ref:
-            # the reference policy is frozen whatever its engine's forward_only says (as in the legacy worker)
-            ref_engine = replace(cfg.ref.engine_config, forward_only=True)
-            ref_config = TrainingWorkerConfig("language_model", cfg.model, ref_engine)
-            self.ref = TrainingWorker(ref_config, role="actor_rollout_ref.ref")
-            self.ref.reset()
-
-    def _build_policy(self) -> TrainingWorker:
-        cfg, actor = self.config, self.config.actor
-        engine_config = actor.engine_config if self._is_actor else replace(actor.engine_config, forward_only=True)
-        optim = actor.optim if self._is_actor else None
-        worker_config = TrainingWorkerConfig("language_model", cfg.model, engine_config, optim, actor.checkpoint)
-        policy = TrainingWorker(
-            worker_config,
-            processing_class=cfg.model.tokenizer,
-            role="actor_rollout_ref.actor",
-            freeze_vision_tower=self._is_actor and actor.freeze_vision_tower,
-        )
-        policy.reset()
+    def _use_policy(self, policy: TrainingWorker) -> None:
+        self.actor = policy
         if self._is_actor:
-            policy.set_loss_fn(partial(ppo_loss, actor))
-        return policy
+            policy.set_loss_fn(partial(ppo_loss, self.config.actor))
+
+    def _use_ref(self, ref: TrainingWorker) -> None:
+        self.ref = ref
 
     # ------------------------------------------------------------------------------------------------ phases
     def _log_probs(self, data: DataProto, which: str) -> dict[str, torch.Tensor]:
@@ -253,10 +227,9 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
         batch = select_inputs(data, keys, "update_actor")
         batch.meta_info["calculate_entropy"] = cfg.uses_entropy
         batch.meta_info[ROUTER_REPLAY_META_KEY] = engine_routing_mode(cfg)
-        lr = self.actor.engine.lr_scheduler.get_last_lr()[0]
-        metrics = self.actor.run_mini_batches(batch, actor_update_plan(cfg, self.dp_size))
-        self.actor.engine.lr_scheduler_step()
-        return {**prefixed_engine_metrics(metrics, "actor"), "actor/lr": lr}
+        plan = actor_update_plan(cfg, self.dp_size)
+        update = lambda: prefixed_engine_metrics(self.actor.run_mini_batches(batch, plan), "actor")  # noqa: E731
+        return scheduled_update(update, self.actor.engine.lr_scheduler, "actor")
 
     def _checkpointer(self, method: str) -> tuple[Any, Any]:
         self.roles.require(self._is_actor, method, "actor")
@@ -292,10 +265,8 @@ class CriticWorker(CriticRPC, Worker):
     def _train(self, data: DataProto) -> dict[str, Any]:
         critic = self._require_critic()
         batch = select_inputs(data, _CRITIC_UPDATE_KEYS, "update_critic")
-        lr = critic.engine.lr_scheduler.get_last_lr()[0]
-        metrics = prefixed_engine_metrics(critic.run_mini_batches(batch, self.update_plan), "critic")
-        critic.engine.lr_scheduler_step()
-        return {**metrics, "critic/lr": lr}
+        update = lambda: prefixed_engine_metrics(critic.run_mini_batches(batch, self.update_plan), "critic")  # noqa: E731
+        return scheduled_update(update, critic.engine.lr_scheduler, "critic")
 
     def _checkpointer(self, method: str) -> tuple[Any, Any]:
         return self._require_critic(), contextlib.nullcontext()

@@ -11,7 +11,6 @@ share a shard and split its token stream.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,8 +26,10 @@ from verl.workers.config.rollout import RolloutConfig
 from verl.workers.core.batch_plan import actor_update_plan
 from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.roles import ActorRolloutRefRPC, CriticRPC
+from verl.workers.core.update_loop import scheduled_update
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.engine.fsdp.transformer_impl import FSDPEngine, FSDPEngineWithLMHead, FSDPEngineWithValueHead
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngine, FSDPEngineWithValueHead
+from verl.workers.engine_workers import TrainingWorker
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -61,42 +62,22 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
         self.update_plan = actor_update_plan(self.actor_config, self.dp_size) if self._is_actor else None
         self.actor = self.ref_policy = self.checkpoint_manager = None
 
-    def _build(
-        self, config: ActorConfig | RefConfig, role: str, training: bool
-    ) -> tuple[FSDPEngine, DataParallelPPOActor]:
-        """The role's sharded model (the FSDP engine's build, forward-only unless ``training``) and the
-        ``DataParallelPPOActor`` over it."""
-        engine = FSDPEngineWithLMHead(
-            self.model_config,
-            config.fsdp_config if training else replace(config.fsdp_config, forward_only=True),
-            config.optim if training else None,
-            config.checkpoint if training else None,
-            processing_class=self.model_config.tokenizer,
-            role=f"actor_rollout_ref.{role}",
-            freeze_vision_tower=training and config.freeze_vision_tower,
-        )
-        engine.initialize()
+    def _actor_over(self, engine: FSDPEngine, config: ActorConfig | RefConfig, training: bool) -> DataParallelPPOActor:
         model = self.model_config
         options = LogProbOptions.from_config(config, model.use_remove_padding, model.use_fused_kernels)
         plan, groups = self.update_plan if training else None, engine.layout.groups()
-        return engine, DataParallelPPOActor(
-            config, engine.module, engine.optimizer, options, update_plan=plan, **groups
-        )
+        return DataParallelPPOActor(config, engine.module, engine.optimizer, options, update_plan=plan, **groups)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        """Build the models of this worker's role (policy + optimizer, rollout, reference), offloaded as configured."""
-        torch.manual_seed(self.actor_config.fsdp_config.seed)
-        if self._is_actor or self._is_rollout:
-            engine, self.actor = self._build(self.actor_config, "actor", training=self._is_actor)
-            self.actor_module_fsdp, self.actor_optimizer = engine.module, engine.optimizer
-            self.actor_lr_scheduler, self._actor_placement = engine.lr_scheduler, engine.placement
-            self.checkpoint_manager = engine.checkpoint_manager if self._is_actor else None
-        if self._is_rollout:
-            self._build_rollout(self.actor_module_fsdp, self._actor_placement.param_offload)
-        if self._is_ref:
-            ref_engine, self.ref_policy = self._build(self.ref_config, "ref", training=False)
-            self.ref_module_fsdp = ref_engine.module
+    def _use_policy(self, policy: TrainingWorker) -> None:
+        engine = policy.engine
+        self.actor = self._actor_over(engine, self.actor_config, training=self._is_actor)
+        self.actor_module_fsdp, self.actor_optimizer = engine.module, engine.optimizer
+        self.actor_lr_scheduler, self._actor_placement = engine.lr_scheduler, engine.placement
+        self.checkpoint_manager = engine.checkpoint_manager if self._is_actor else None
+
+    def _use_ref(self, ref: TrainingWorker) -> None:
+        self.ref_policy = self._actor_over(ref.engine, self.ref_config, training=False)
+        self.ref_module_fsdp = ref.engine.module
 
     def _log_probs(self, data: DataProto, which: str) -> dict[str, torch.Tensor]:
         if which == "ref":
@@ -106,10 +87,7 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
 
     def _train(self, data: DataProto) -> dict[str, Any]:
         with self._actor_placement.on_device(optimizer=True):
-            metrics = self.actor.update_policy(data)
-            metrics["actor/lr"] = self.actor_lr_scheduler.get_last_lr()[0]
-            self.actor_lr_scheduler.step()
-        return metrics
+            return scheduled_update(lambda: self.actor.update_policy(data), self.actor_lr_scheduler, "actor")
 
     def _checkpointer(self, method: str) -> tuple[Any, Any]:
         self.roles.require(self._is_actor, method, "actor")
@@ -144,10 +122,7 @@ class CriticWorker(CriticRPC, Worker):
 
     def _train(self, data: DataProto) -> dict[str, Any]:
         with self._placement.on_device(optimizer=True):
-            metrics = self.critic.update_critic(data)
-            metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
-            self.critic_lr_scheduler.step()
-        return metrics
+            return scheduled_update(lambda: self.critic.update_critic(data), self.critic_lr_scheduler, "critic")
 
     def _checkpointer(self, method: str) -> tuple[Any, Any]:
         return self.checkpoint_manager, self._placement.on_device(optimizer=True)

@@ -9,7 +9,7 @@ their ``@register``-ed methods from here and supply only how a phase runs (``_lo
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -134,7 +134,8 @@ class ActorRolloutRefRPC(CheckpointRPC):
     """The RPC methods of both paths' ``ActorRolloutRefWorker`` (a ``Worker``): start-up (:meth:`_start`), the
     rollout on the policy's module, generation, the two log-prob passes and the update.
 
-    A path supplies :meth:`_log_probs` and :meth:`_train` (and builds ``self.rollout`` with :meth:`_build_rollout`).
+    Both paths build their models alike (:meth:`init_model`: the engine path's ``TrainingWorker``); a path supplies
+    what it runs the phases on (:meth:`_use_policy`, :meth:`_use_ref`) and how (:meth:`_log_probs`, :meth:`_train`).
     """
 
     def _start(self, config: Any, role: str) -> None:
@@ -161,19 +162,54 @@ class ActorRolloutRefRPC(CheckpointRPC):
         """One PPO update over ``data`` (on the device); metrics incl. ``actor/lr``, the schedule then stepped."""
         raise NotImplementedError
 
-    def _build_rollout(self, module: Any, param_offload: bool) -> None:
-        """The rollout on the policy's (sharded) ``module``, the same wiring on both paths."""
+    def _use_policy(self, policy: Any) -> None:
+        """Take the built policy (a ``TrainingWorker``: its engine holds the sharded model) for the phases."""
+        raise NotImplementedError
+
+    def _use_ref(self, ref: Any) -> None:
+        """Take the built, frozen reference policy (a ``TrainingWorker``)."""
+        raise NotImplementedError
+
+    def _engine_worker(self, config: Any, role: str, training: bool) -> Any:
+        """The ``TrainingWorker`` of ``actor_rollout_ref.<role>`` (its engine: model, optimizer, lr schedule, offload,
+        checkpoints), built; forward-only (no optimizer) unless ``training``, whatever the engine's
+        ``forward_only`` says."""
+        from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
+
+        engine_config = config.engine_config if training else replace(config.engine_config, forward_only=True)
+        optim, checkpoint = (config.optim, config.checkpoint) if training else (None, None)
+        worker_config = TrainingWorkerConfig("language_model", self.config.model, engine_config, optim, checkpoint)
+        worker = TrainingWorker(
+            worker_config,
+            processing_class=self.config.model.tokenizer,
+            role=f"actor_rollout_ref.{role}",
+            freeze_vision_tower=training and config.freeze_vision_tower,
+        )
+        worker.reset()
+        return worker
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build this role's models: the policy (trainable for the actor, forward-only for a rollout-only worker),
+        the rollout on the policy's module, the frozen reference policy; each offloaded as configured."""
         from verl.workers.rollout.build import build_rollout
 
-        self.rollout, self.rollout_sharding_manager = build_rollout(
-            module,
-            self.config.rollout,
-            self.config.model,
-            param_offload=param_offload,
-            world_size=self.world_size,
-            rank=self.rank,
-            seed=self.config.actor.engine_config.seed,
-        )
+        torch.manual_seed(self.config.actor.engine_config.seed)
+        if self._is_actor or self._is_rollout:
+            policy = self._engine_worker(self.config.actor, "actor", training=self._is_actor)
+            self._use_policy(policy)
+        if self._is_rollout:
+            self.rollout, self.rollout_sharding_manager = build_rollout(
+                policy.engine.module,
+                self.config.rollout,
+                self.config.model,
+                param_offload=policy.engine.is_param_offload_enabled,
+                world_size=self.world_size,
+                rank=self.rank,
+                seed=self.config.actor.engine_config.seed,
+            )
+        if self._is_ref:
+            self._use_ref(self._engine_worker(self.config.ref, "ref", training=False))
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -31,6 +31,7 @@ __all__ = [
     "optimizer_step",
     "prefixed_engine_metrics",
     "run_mini_batches",
+    "scheduled_update",
 ]
 
 ForwardFn = Callable[[DataProto], dict[str, torch.Tensor]]
@@ -156,3 +157,12 @@ def prefixed_engine_metrics(metrics: dict[str, list[float]], prefix: str) -> dic
     """Step-level metric names (``grad_norm``, ``skipped_steps``) under the role prefix (``actor/grad_norm``); the
     loss terms already carry theirs (``actor/pg_loss``)."""
     return {(f"{prefix}/{key}" if key in ENGINE_METRICS else key): value for key, value in metrics.items()}
+
+
+def scheduled_update(update: Callable[[], dict[str, Any]], lr_scheduler: Any, prefix: str) -> dict[str, Any]:
+    """``update()``'s metrics plus ``<prefix>/lr``, the learning rate the update used; the schedule then steps once
+    (one step per ``update_actor``/``update_critic`` call, on both worker paths)."""
+    lr = lr_scheduler.get_last_lr()[0]
+    metrics = update()
+    lr_scheduler.step()
+    return {**metrics, f"{prefix}/lr": lr}

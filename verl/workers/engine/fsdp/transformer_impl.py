@@ -12,6 +12,7 @@ offloads and offload it again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -276,23 +277,14 @@ class FSDPEngineWithLMHead(FSDPEngine):
 
     model_type = "language_model"
 
-    def __init__(
-        self,
-        model_config: HFModelConfig | FSDPCriticModelCfg,
-        engine_config: FSDPEngineConfig,
-        optimizer_config: OptimizerConfig | None = None,
-        checkpoint_config: CheckpointConfig | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, **kwargs)
-        self.log_prob_options = LogProbOptions(
-            use_remove_padding=model_config.use_remove_padding,
-            use_fused_kernels=model_config.use_fused_kernels,
-            entropy_from_logits_with_chunking=engine_config.entropy_from_logits_with_chunking,
-            chunk_size=engine_config.entropy_from_logits_chunk_size,
-            entropy_checkpointing=engine_config.entropy_checkpointing,
-        )
-        self._router: Any = None
+    _router: Any = None
+    """The model's ``RouterReplay``, installed by the first forward that records or replays the routing."""
+
+    @functools.cached_property
+    def log_prob_options(self) -> LogProbOptions:
+        """How the forward runs: the model block's padding/fused flags and the engine's ``entropy_*`` keys."""
+        model = self.model_config
+        return LogProbOptions.from_config(self.engine_config, model.use_remove_padding, model.use_fused_kernels)
 
     def forward_step(self, micro_batch: DataProto, switches: ForwardSwitches) -> dict[str, torch.Tensor]:
         """``{"log_probs": (b, R)}`` (+ ``"entropys"`` with ``calculate_entropy``); needs the ``temperature``."""
@@ -322,7 +314,6 @@ class FSDPEngineWithLMHead(FSDPEngine):
                 self._router.stop()
 
     def _replay_router(self) -> Any:
-        """The model's ``RouterReplay``, installed on the first forward that records or replays the routing."""
         if self._router is None:
             self._router = install_router_replay(self._require_module())
         return self._router
