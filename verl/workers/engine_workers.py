@@ -245,14 +245,9 @@ class CriticWorker(CriticRPC, Worker):
         self._start(config)
         self.critic: TrainingWorker | None = None
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        cfg = self.config
-        torch.manual_seed(cfg.model.fsdp_config.seed)
-        worker_config = TrainingWorkerConfig("value_model", cfg.model, cfg.model.fsdp_config, cfg.optim, cfg.checkpoint)
-        self.critic = TrainingWorker(worker_config, role="critic")
-        self.critic.reset()
-        self.critic.set_loss_fn(partial(value_loss, cfg))
+    def _use_critic(self, critic: TrainingWorker) -> None:
+        self.critic = critic
+        critic.set_loss_fn(partial(value_loss, self.config))
 
     def _require_critic(self) -> TrainingWorker:
         if self.critic is None:

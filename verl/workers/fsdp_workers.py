@@ -1,11 +1,10 @@
 """Legacy FSDP workers (upstream ``verl.workers.fsdp_workers``): ``ActorRolloutRefWorker`` and ``CriticWorker``.
 
-Their RPC methods and the order one training step calls them in are ``verl.workers.core.roles``' (shared with the
-engine path). What is legacy here is who runs a phase: upstream's ``DataParallelPPOActor``/``DataParallelPPOCritic``
-over a model built, sharded and offloaded by the FSDP engine's lifecycle (``FSDPEngine.initialize``: model,
-optimizer, lr schedule, ``Placement``, checkpoint manager), the same build as the engine path's. Every
-data-parallel rank gets its own shard of the batch (n-d mesh dispatch); with Ulysses SP the sp ranks of one group
-share a shard and split its token stream.
+Their RPC methods, and the order one training step calls them in, are ``verl.workers.core.roles``', and so is the
+build (the engine path's ``TrainingWorker``: model, optimizer, lr schedule, ``Placement``, checkpoint manager). What
+is legacy here is who runs a phase: upstream's ``DataParallelPPOActor``/``DataParallelPPOCritic`` over the built
+module, under its placement. Every data-parallel rank gets its own shard of the batch (n-d mesh dispatch); with
+Ulysses SP the sp ranks of one group share a shard and split its token stream.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import torch
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
-from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config.actor import ActorConfig
 from verl.workers.config.critic import FSDPCriticConfig
@@ -28,7 +26,7 @@ from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.roles import ActorRolloutRefRPC, CriticRPC
 from verl.workers.core.update_loop import scheduled_update
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.engine.fsdp.transformer_impl import FSDPEngine, FSDPEngineWithValueHead
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 from verl.workers.engine_workers import TrainingWorker
 
 if TYPE_CHECKING:
@@ -102,18 +100,14 @@ class CriticWorker(CriticRPC, Worker):
         super().__init__()
         self._start(config)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> None:
-        cfg = self.config
-        torch.manual_seed(cfg.model.fsdp_config.seed)
-        engine = FSDPEngineWithValueHead(cfg.model, cfg.model.fsdp_config, cfg.optim, cfg.checkpoint, role="critic")
-        engine.initialize()
+    def _use_critic(self, critic: TrainingWorker) -> None:
+        engine = critic.engine
         self.critic_module, self.critic_optimizer = engine.module, engine.optimizer
         self.critic_lr_scheduler, self._placement = engine.lr_scheduler, engine.placement
         self.checkpoint_manager = engine.checkpoint_manager
         groups = engine.layout.groups()
         self.critic = DataParallelPPOCritic(
-            cfg, engine.module, engine.optimizer, update_plan=self.update_plan, **groups
+            self.config, engine.module, engine.optimizer, update_plan=self.update_plan, **groups
         )
 
     def _values(self, data: DataProto) -> torch.Tensor:

@@ -131,8 +131,13 @@ def _on_device(data: DataProto) -> DataProto:
 
 
 class ActorRolloutRefRPC(CheckpointRPC):
-    """The RPC methods of both paths' ``ActorRolloutRefWorker`` (a ``Worker``): start-up (:meth:`_start`), the
-    rollout on the policy's module, generation, the two log-prob passes and the update.
+    """The RPC methods of both paths' ``ActorRolloutRefWorker`` (a ``Worker``). One training step calls them as::
+
+        generate_sequences    rollout: HF generates with the policy module, vLLM gets the weights streamed first
+        compute_log_prob      old log-probs + entropy (the metric)                               mesh "actor"
+        compute_ref_log_prob  reference policy                                                   mesh "ref"
+        update_actor          PPO update (after the critic's compute_values / update_critic)     mesh "actor"
+        save/load_checkpoint  every rank
 
     Both paths build their models alike (:meth:`init_model`: the engine path's ``TrainingWorker``); a path supplies
     what it runs the phases on (:meth:`_use_policy`, :meth:`_use_ref`) and how (:meth:`_log_probs`, :meth:`_train`).
@@ -262,8 +267,9 @@ class ActorRolloutRefRPC(CheckpointRPC):
 
 
 class CriticRPC(CheckpointRPC):
-    """The RPC methods of both paths' ``CriticWorker``: start-up, ``compute_values`` and ``update_critic``; a path
-    supplies :meth:`_values` and :meth:`_train`."""
+    """The RPC methods of both paths' ``CriticWorker``: start-up, ``init_model``, ``compute_values`` and
+    ``update_critic``; a path supplies what it runs the phases on (:meth:`_use_critic`) and how (:meth:`_values`,
+    :meth:`_train`)."""
 
     def _start(self, config: Any) -> None:
         """Typed config (:func:`critic_config`), process group, dispatch info and the per-rank plans."""
@@ -275,6 +281,22 @@ class CriticRPC(CheckpointRPC):
         self._register_dispatch_collect_info("critic", self.layout.dp_rank, self.layout.is_collect)
         self.update_plan = critic_update_plan(self.config, self.dp_size)
         self.forward_plan = critic_forward_plan(self.config, self.dp_size)
+
+    def _use_critic(self, critic: Any) -> None:
+        """Take the built value model (a ``TrainingWorker``: its engine holds the sharded model) for the phases."""
+        raise NotImplementedError
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build the value model (the engine path's ``TrainingWorker`` with a value head), offloaded as configured."""
+        from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
+
+        cfg = self.config
+        torch.manual_seed(cfg.model.fsdp_config.seed)
+        worker_config = TrainingWorkerConfig("value_model", cfg.model, cfg.model.fsdp_config, cfg.optim, cfg.checkpoint)
+        critic = TrainingWorker(worker_config, role="critic")
+        critic.reset()
+        self._use_critic(critic)
 
     def _values(self, data: DataProto) -> torch.Tensor:
         """Values ``(B, R)`` of ``data`` (on the device, ``self.forward_plan`` in ``meta_info``)."""
