@@ -2,40 +2,18 @@
 every phase, including checkpoint save/load and the HF export, must see its tensors on one device."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from tests.workers.conftest import tiny_model_dir
 from verl.protocol import DataProto
-from verl.utils.testing.dist import spawn
-from verl.utils.tokenizer import build_offline_tokenizer
+from verl.utils.testing.dist import free_port, spawn
 
 RESPONSE_LEN = 4
-
-
-def _model_dir(root) -> str:
-    tokenizer = build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300)
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    path = str(root / "tiny")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def _config(model_path: str, strategy: str):
@@ -76,12 +54,6 @@ def _npu_params(module) -> set[str]:
     return {p.device.type for p in module.parameters()}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
 def test_offloaded_actor_phases_and_checkpoint_on_simulated_npu(tmp_path, strategy):
     """Invariants on the simulated NPU with param+optimizer offload: between phases parameters and AdamW state
@@ -93,7 +65,7 @@ def test_offloaded_actor_phases_and_checkpoint_on_simulated_npu(tmp_path, strate
 
     Runs in a fresh process: the autograd engine sizes its per-device queues at its first backward, so a
     simulated device installed after other tests' backward passes in the same process would not get one."""
-    spawn(_scenario, args=(_free_port(), str(tmp_path), strategy), nprocs=1)
+    spawn(_scenario, args=(free_port(), str(tmp_path), strategy), nprocs=1)
 
 
 def _scenario(rank: int, port: int, root: str, strategy: str) -> None:
@@ -119,7 +91,7 @@ def _run_phases(tmp_path, strategy: str) -> None:
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     assert get_device_name() == "npu"
-    path = _model_dir(tmp_path)
+    path = tiny_model_dir(tmp_path)
     worker = ActorRolloutRefWorker(_config(path, strategy), role="actor_rollout")
     worker.init_model()
     assert _npu_params(worker.actor_module_fsdp) == {"cpu"}
