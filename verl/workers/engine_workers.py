@@ -13,17 +13,14 @@ names, the same ``DataProto`` in and out, the same n-d mesh dispatch — so ``Ra
                             ``train_batch``, ``infer_batch``, ``to``, checkpoints
 ==========================  =========================================================================================
 
-Where the work lives: the engines (``verl/workers/engine``) build their model with the core's ``build_fsdp_model``;
-the loops (PPO epochs × mini-batches × micro-batches, one clipped optimizer step per mini-batch, and the forward-only
-pass) are ``verl.workers.core.update_loop``'s, the per-rank sizes ``verl.workers.core.batch_plan``'s, offload
-``verl.workers.core.placement``'s, role parsing and generation ``verl.workers.core.roles``' — the same functions the
-legacy ``fsdp_workers`` call, so the classes here are RPC surfaces. ``tests/workers/test_legacy_vs_engine.py``
-checks that both paths give the same log-probs, losses, grad norms and weights.
+The role workers' RPC methods and model build are ``verl.workers.core.roles``' (the legacy ``fsdp_workers`` inherit
+the same), so the classes here only say how a phase runs on a :class:`TrainingWorker`; the engines
+(``verl/workers/engine``) run it with the core's loops. ``tests/workers/test_legacy_vs_engine.py`` checks that both
+paths give the same log-probs, losses, grad norms and weights.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -179,8 +176,8 @@ class TrainingWorker(CheckpointRPC, Worker):
     def infer_batch(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(tensors=self.infer(data.to(get_platform().device()))).to("cpu")
 
-    def _checkpointer(self, method: str) -> tuple[Any, Any]:
-        return self.engine, contextlib.nullcontext()
+    def _checkpointer(self, method: str) -> Any:
+        return self.engine
 
 
 class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
@@ -231,10 +228,6 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
         update = lambda: prefixed_engine_metrics(self.actor.run_mini_batches(batch, plan), "actor")  # noqa: E731
         return scheduled_update(update, self.actor.engine.lr_scheduler, "actor")
 
-    def _checkpointer(self, method: str) -> tuple[Any, Any]:
-        self.roles.require(self._is_actor, method, "actor")
-        return self.actor, contextlib.nullcontext()
-
 
 class CriticWorker(CriticRPC, Worker):
     """Value model of the engine path, with the legacy critic's methods (``core.roles.CriticRPC``), run on a
@@ -262,6 +255,3 @@ class CriticWorker(CriticRPC, Worker):
         batch = select_inputs(data, _CRITIC_UPDATE_KEYS, "update_critic")
         update = lambda: prefixed_engine_metrics(critic.run_mini_batches(batch, self.update_plan), "critic")  # noqa: E731
         return scheduled_update(update, critic.engine.lr_scheduler, "critic")
-
-    def _checkpointer(self, method: str) -> tuple[Any, Any]:
-        return self._require_critic(), contextlib.nullcontext()

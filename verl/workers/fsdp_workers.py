@@ -87,10 +87,6 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
         with self._actor_placement.on_device(optimizer=True):
             return scheduled_update(lambda: self.actor.update_policy(data), self.actor_lr_scheduler, "actor")
 
-    def _checkpointer(self, method: str) -> tuple[Any, Any]:
-        self.roles.require(self._is_actor, method, "actor")
-        return self.checkpoint_manager, self._actor_placement.on_device(optimizer=True)
-
 
 class CriticWorker(CriticRPC, Worker):
     """Value-model worker. ``config``: ``critic`` (``FSDPCriticConfig`` or its DictConfig node, converted once).
@@ -117,6 +113,3 @@ class CriticWorker(CriticRPC, Worker):
     def _train(self, data: DataProto) -> dict[str, Any]:
         with self._placement.on_device(optimizer=True):
             return scheduled_update(lambda: self.critic.update_critic(data), self.critic_lr_scheduler, "critic")
-
-    def _checkpointer(self, method: str) -> tuple[Any, Any]:
-        return self.checkpoint_manager, self._placement.on_device(optimizer=True)

@@ -1,12 +1,9 @@
 """``DataParallelPPOActor``: the legacy FSDP actor (upstream name), a thin driver over ``verl.workers.core``.
 
-``compute_log_prob`` (old-log-prob and reference passes) and ``update_policy`` (PPO epochs over mini-batches,
-gradient accumulation over micro-batches, one clipped optimizer step per mini-batch) only decide *which* rows go
-through the shared core; the maths — packed forward, fused/chunked log-probs, losses, clipping — is the core's.
-
-The loops are the core's (``verl.workers.core.update_loop``, shared with the engine path). Batch sizes per
-data-parallel rank come from a ``BatchPlan``: the worker's ``actor_update_plan`` for ``update_policy`` (the config
-keeps its global, prompt-counted values) and ``meta_info`` for ``compute_log_prob``.
+``compute_log_prob`` (old-log-prob and reference passes) and ``update_policy`` only decide *which* rows go through
+the core's loops (``update_loop``, shared with the engine path) and maths. Per-rank sizes come from a ``BatchPlan``:
+the worker's ``actor_update_plan`` for ``update_policy`` (the config keeps its global, prompt-counted values) and
+``meta_info`` for ``compute_log_prob``.
 """
 
 from __future__ import annotations

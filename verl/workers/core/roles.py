@@ -65,10 +65,10 @@ class WorkerRoles:
 
 
 class CheckpointRPC:
-    """``save_checkpoint`` / ``load_checkpoint`` of a role worker (both paths): :meth:`_checkpointer` names what
-    saves (checkpoint manager, engine) and the scope it needs (the legacy placement: state on the device)."""
+    """``save_checkpoint`` / ``load_checkpoint`` of a worker (both paths): :meth:`_checkpointer` names the engine
+    that saves (``BaseEngine.save_checkpoint``, with the state on the device around it as its placement says)."""
 
-    def _checkpointer(self, method: str) -> tuple[Any, contextlib.AbstractContextManager]:
+    def _checkpointer(self, method: str) -> Any:
         raise NotImplementedError
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -76,15 +76,11 @@ class CheckpointRPC:
         self, local_path: str, hdfs_path: str | None = None, global_step: int = 0, max_ckpt_to_keep: int | None = None
     ) -> None:
         """Model/optimizer/lr-schedule/RNG (+ HF export with ``hf_model``) of the trained model, atomically."""
-        owner, scope = self._checkpointer("save_checkpoint")
-        with scope:
-            owner.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        self._checkpointer("save_checkpoint").save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
-        owner, scope = self._checkpointer("load_checkpoint")
-        with scope:
-            owner.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+        self._checkpointer("load_checkpoint").load_checkpoint(local_path, hdfs_path, del_local_after_load)
 
 
 def actor_rollout_ref_config(config: Any) -> ActorRolloutRefConfig:
@@ -156,7 +152,7 @@ class ActorRolloutRefRPC(CheckpointRPC):
         self.dp_size = self.layout.dp_size
         for mesh_name in ("actor", "rollout", "ref"):
             self._register_dispatch_collect_info(mesh_name, self.layout.dp_rank, self.layout.is_collect)
-        self.rollout = self.rollout_sharding_manager = None
+        self.rollout = self.rollout_sharding_manager = self._policy_engine = None
 
     def _log_probs(self, data: DataProto, which: str) -> dict[str, torch.Tensor]:
         """The forward-only pass of ``which`` (``"actor"``: with ``entropys`` and the routing; ``"ref"``) over
@@ -202,6 +198,7 @@ class ActorRolloutRefRPC(CheckpointRPC):
         torch.manual_seed(self.config.actor.engine_config.seed)
         if self._is_actor or self._is_rollout:
             policy = self._engine_worker(self.config.actor, "actor", training=self._is_actor)
+            self._policy_engine = policy.engine
             self._use_policy(policy)
         if self._is_rollout:
             self.rollout, self.rollout_sharding_manager = build_rollout(
@@ -215,6 +212,10 @@ class ActorRolloutRefRPC(CheckpointRPC):
             )
         if self._is_ref:
             self._use_ref(self._engine_worker(self.config.ref, "ref", training=False))
+
+    def _checkpointer(self, method: str) -> Any:
+        self.roles.require(self._is_actor, method, "actor")
+        return self._policy_engine
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -281,6 +282,7 @@ class CriticRPC(CheckpointRPC):
         self._register_dispatch_collect_info("critic", self.layout.dp_rank, self.layout.is_collect)
         self.update_plan = critic_update_plan(self.config, self.dp_size)
         self.forward_plan = critic_forward_plan(self.config, self.dp_size)
+        self._critic_engine = None
 
     def _use_critic(self, critic: Any) -> None:
         """Take the built value model (a ``TrainingWorker``: its engine holds the sharded model) for the phases."""
@@ -296,7 +298,13 @@ class CriticRPC(CheckpointRPC):
         worker_config = TrainingWorkerConfig("value_model", cfg.model, cfg.model.fsdp_config, cfg.optim, cfg.checkpoint)
         critic = TrainingWorker(worker_config, role="critic")
         critic.reset()
+        self._critic_engine = critic.engine
         self._use_critic(critic)
+
+    def _checkpointer(self, method: str) -> Any:
+        if self._critic_engine is None:
+            raise RuntimeError(f"{method}: the critic is not built: call init_model first")
+        return self._critic_engine
 
     def _values(self, data: DataProto) -> torch.Tensor:
         """Values ``(B, R)`` of ``data`` (on the device, ``self.forward_plan`` in ``meta_info``)."""

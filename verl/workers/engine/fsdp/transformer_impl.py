@@ -1,12 +1,9 @@
 """``FSDPEngine`` (FSDP1 / FSDP2) over the shared worker core, with an LM head or a value head (upstream names).
 
-The engine adds no maths and no loop of its own: micro-batching, the packed model forward, log-probs/entropy,
-values, losses, the micro-batch loop and the clipped optimizer step are the functions of ``verl.workers.core`` that
-the legacy ``DataParallelPPOActor`` calls too (``tests/workers/test_legacy_vs_engine.py`` runs both and compares).
-What the engine owns is the lifecycle: build and shard the model, the optimizer and lr schedule, checkpoints and the
-full-weight stream for the rollout. Offload (``param_offload``/``optimizer_offload``/``offload_policy``) is the
-core's ``Placement`` rule, the legacy worker's too: ``train_mode``/``eval_mode`` and checkpoints load what it
-offloads and offload it again.
+The engine adds no maths and no loop of its own (those are ``verl.workers.core``'s, see its package docstring); it
+owns the lifecycle both worker paths build through: the sharded model, optimizer and lr schedule, the offload rule
+(``Placement``: ``train_mode``/``eval_mode`` and checkpoints load what it offloads and offload it again),
+checkpoints and the full-weight stream for the rollout.
 """
 
 from __future__ import annotations
