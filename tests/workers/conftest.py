@@ -53,6 +53,46 @@ def tiny_model_dir(root) -> str:
     return path
 
 
+def offloaded_policy_config(model_path: str, response_length: int, strategy: str = "fsdp2", **actor_overrides):
+    """``actor_rollout_ref`` of the single-rank worker tests: an fp32 actor with parameter and optimizer offload and
+    full checkpoints (+ HF export), the HF rollout, an fp32 reference; ``actor_overrides`` replace actor keys."""
+    from omegaconf import OmegaConf
+
+    actor = {
+        "strategy": strategy,
+        "ppo_mini_batch_size": 2,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "rollout_n": 1,
+        "use_torch_compile": False,
+        "optim": {"lr": 1e-2},
+        "checkpoint": {
+            "save_contents": ["model", "optimizer", "extra", "hf_model"],
+            "load_contents": ["model", "optimizer", "extra"],
+        },
+        "fsdp_config": {"dtype": "float32", "param_offload": True, "optimizer_offload": True},
+    }
+    actor.update(actor_overrides)
+    ref = {"strategy": actor["strategy"], "log_prob_micro_batch_size_per_gpu": 2, "fsdp_config": {"dtype": "float32"}}
+    return OmegaConf.create(
+        {
+            "model": {"path": model_path, "override_config": {"attn_implementation": "eager"}},
+            "actor": actor,
+            "rollout": {"name": "hf", "response_length": response_length, "log_prob_micro_batch_size_per_gpu": 2},
+            "ref": ref,
+        }
+    )
+
+
+def two_prompts(pad_id: int) -> DataProto:
+    """Two prompts of 5 tokens, the second left-padded by 2 (sampling on)."""
+    ids = torch.randint(5, 250, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    td = TensorDict({"input_ids": ids.masked_fill(mask == 0, pad_id), "attention_mask": mask, "position_ids": pos}, [2])
+    return DataProto(batch=td, meta_info={"do_sample": True})
+
+
 def rollout_batch(
     batch_size: int = 8, prompt_len: int = 6, response_len: int = 7, seed: int = 0, vocab: int = VOCAB
 ) -> DataProto:

@@ -10,47 +10,16 @@ import pytest
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from tensordict import TensorDict
 from transformers import Qwen2ForCausalLM
 
-from tests.workers.conftest import tiny_model_dir
+from tests.workers.conftest import offloaded_policy_config, tiny_model_dir, two_prompts
 from verl.protocol import DataProto
 
 RESPONSE_LEN = 4
 
 
 def _config(model_path: str, **actor_overrides):
-    actor = {
-        "strategy": "fsdp2",
-        "ppo_mini_batch_size": 2,
-        "ppo_micro_batch_size_per_gpu": 2,
-        "rollout_n": 1,
-        "use_torch_compile": False,
-        "optim": {"lr": 1e-2},
-        "checkpoint": {
-            "save_contents": ["model", "optimizer", "extra", "hf_model"],
-            "load_contents": ["model", "optimizer", "extra"],
-        },
-        "fsdp_config": {"dtype": "float32", "param_offload": True, "optimizer_offload": True},
-    }
-    actor.update(actor_overrides)
-    return OmegaConf.create(
-        {
-            "model": {"path": model_path, "override_config": {"attn_implementation": "eager"}},
-            "actor": actor,
-            "rollout": {"name": "hf", "response_length": RESPONSE_LEN, "log_prob_micro_batch_size_per_gpu": 2},
-            "ref": {"strategy": "fsdp2", "log_prob_micro_batch_size_per_gpu": 2, "fsdp_config": {"dtype": "float32"}},
-        }
-    )
-
-
-def _prompts(pad_id: int) -> DataProto:
-    ids = torch.randint(5, 250, (2, 5), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    td = TensorDict({"input_ids": ids.masked_fill(mask == 0, pad_id), "attention_mask": mask, "position_ids": pos}, [2])
-    return DataProto(batch=td, meta_info={"do_sample": True})
+    return offloaded_policy_config(model_path, RESPONSE_LEN, **actor_overrides)
 
 
 @pytest.fixture
@@ -73,7 +42,7 @@ def _devices(tensors) -> set[str]:
 
 
 def _generated_batch(worker) -> DataProto:
-    gen = worker.generate_sequences(_prompts(worker.config.model.tokenizer.pad_token_id))
+    gen = worker.generate_sequences(two_prompts(worker.config.model.tokenizer.pad_token_id))
     batch = DataProto(batch=gen.batch, meta_info={"temperature": 1.0})
     batch.batch["response_mask"] = batch.batch["attention_mask"][:, -RESPONSE_LEN:]
     return batch
@@ -208,7 +177,7 @@ def test_engine_actor_rollout_worker_through_ray(tmp_path):
     path = tiny_model_dir(tmp_path)
     config = _config(path, ppo_mini_batch_size=4)
     config.actor.fsdp_config.param_offload = False
-    prompts = DataProto.concat([_prompts(0), _prompts(0)])
+    prompts = DataProto.concat([two_prompts(0), two_prompts(0)])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         pool = RayResourcePool(process_on_nodes=[2], use_gpu=True, max_colocate_count=1)
