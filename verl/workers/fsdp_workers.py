@@ -22,11 +22,10 @@ from verl.workers.config.critic import FSDPCriticConfig
 from verl.workers.config.ref import RefConfig
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.core.batch_plan import actor_update_plan
-from verl.workers.core.model_forward import LogProbOptions
 from verl.workers.core.roles import ActorRolloutRefRPC, CriticRPC
 from verl.workers.core.update_loop import scheduled_update
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine_workers import TrainingWorker
 
 if TYPE_CHECKING:
@@ -60,10 +59,11 @@ class ActorRolloutRefWorker(ActorRolloutRefRPC, Worker):
         self.update_plan = actor_update_plan(self.actor_config, self.dp_size) if self._is_actor else None
         self.actor = self.ref_policy = self.checkpoint_manager = None
 
-    def _actor_over(self, engine: FSDPEngine, config: ActorConfig | RefConfig, training: bool) -> DataParallelPPOActor:
-        model = self.model_config
-        options = LogProbOptions.from_config(config, model.use_remove_padding, model.use_fused_kernels)
-        plan, groups = self.update_plan if training else None, engine.layout.groups()
+    def _actor_over(self, engine: FSDPEngineWithLMHead, config: ActorConfig | RefConfig, training: bool):
+        """A ``DataParallelPPOActor`` over the engine's module, with its forward options (the role's ``entropy_*``
+        keys are linked to its ``fsdp_config``'s, so they are the same settings)."""
+        options, groups = engine.log_prob_options, engine.layout.groups()
+        plan = self.update_plan if training else None
         return DataParallelPPOActor(config, engine.module, engine.optimizer, options, update_plan=plan, **groups)
 
     def _use_policy(self, policy: TrainingWorker) -> None:
