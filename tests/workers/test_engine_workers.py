@@ -10,68 +10,16 @@ import pytest
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from tensordict import TensorDict
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from tests.workers.conftest import offloaded_policy_config, tiny_model_dir, two_prompts
 from verl.protocol import DataProto
-from verl.utils.tokenizer import build_offline_tokenizer
 
 RESPONSE_LEN = 4
 
 
-def _model_dir(root) -> str:
-    tokenizer = build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300)
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    path = str(root / "tiny")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def _config(model_path: str, **actor_overrides):
-    actor = {
-        "strategy": "fsdp2",
-        "ppo_mini_batch_size": 2,
-        "ppo_micro_batch_size_per_gpu": 2,
-        "rollout_n": 1,
-        "use_torch_compile": False,
-        "optim": {"lr": 1e-2},
-        "checkpoint": {
-            "save_contents": ["model", "optimizer", "extra", "hf_model"],
-            "load_contents": ["model", "optimizer", "extra"],
-        },
-        "fsdp_config": {"dtype": "float32", "param_offload": True, "optimizer_offload": True},
-    }
-    actor.update(actor_overrides)
-    return OmegaConf.create(
-        {
-            "model": {"path": model_path, "override_config": {"attn_implementation": "eager"}},
-            "actor": actor,
-            "rollout": {"name": "hf", "response_length": RESPONSE_LEN, "log_prob_micro_batch_size_per_gpu": 2},
-            "ref": {"strategy": "fsdp2", "log_prob_micro_batch_size_per_gpu": 2, "fsdp_config": {"dtype": "float32"}},
-        }
-    )
-
-
-def _prompts(pad_id: int) -> DataProto:
-    ids = torch.randint(5, 250, (2, 5), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    td = TensorDict({"input_ids": ids.masked_fill(mask == 0, pad_id), "attention_mask": mask, "position_ids": pos}, [2])
-    return DataProto(batch=td, meta_info={"do_sample": True})
+    return offloaded_policy_config(model_path, RESPONSE_LEN, **actor_overrides)
 
 
 @pytest.fixture
@@ -94,7 +42,7 @@ def _devices(tensors) -> set[str]:
 
 
 def _generated_batch(worker) -> DataProto:
-    gen = worker.generate_sequences(_prompts(worker.config.model.tokenizer.pad_token_id))
+    gen = worker.generate_sequences(two_prompts(worker.config.model.tokenizer.pad_token_id))
     batch = DataProto(batch=gen.batch, meta_info={"temperature": 1.0})
     batch.batch["response_mask"] = batch.batch["attention_mask"][:, -RESPONSE_LEN:]
     return batch
@@ -110,7 +58,7 @@ def test_offloaded_engine_actor_phases_and_checkpoint_on_simulated_npu(tmp_path)
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     assert get_device_name() == "npu"
-    path = _model_dir(tmp_path)
+    path = tiny_model_dir(tmp_path)
     worker = ActorRolloutRefWorker(_config(path), role="actor_rollout")
     worker.init_model()
     engine = worker.actor.engine
@@ -164,7 +112,7 @@ def test_training_worker_api_through_a_worker_group(tmp_path, make_batch):
     from verl.workers.engine.losses import ppo_loss
     from verl.workers.engine_workers import TrainingWorker
 
-    path = _model_dir(tmp_path)
+    path = tiny_model_dir(tmp_path)
     group = LocalWorkerGroup(ClassWithInitArgs(TrainingWorker, _training_worker_config(path)), world_size=1)
     try:
         group.reset()
@@ -194,7 +142,7 @@ def test_user_errors_name_the_fix(tmp_path, make_batch):
     temperature, and a critic asked for an HF export each raise an exception that says what to change."""
     from verl.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 
-    path = _model_dir(tmp_path)
+    path = tiny_model_dir(tmp_path)
     with pytest.raises(ValueError, match="role='critic' is not one of"):
         ActorRolloutRefWorker(_config(path), role="critic")
     ref_only = ActorRolloutRefWorker(_config(path), role="ref")
@@ -226,10 +174,10 @@ def test_engine_actor_rollout_worker_through_ray(tmp_path):
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    path = _model_dir(tmp_path)
+    path = tiny_model_dir(tmp_path)
     config = _config(path, ppo_mini_batch_size=4)
     config.actor.fsdp_config.param_offload = False
-    prompts = DataProto.concat([_prompts(0), _prompts(0)])
+    prompts = DataProto.concat([two_prompts(0), two_prompts(0)])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         pool = RayResourcePool(process_on_nodes=[2], use_gpu=True, max_colocate_count=1)
@@ -259,7 +207,7 @@ def test_role_strategy_key_selects_the_engine_wrapper(tmp_path, strategy, versio
     from verl.utils.fsdp_utils import fsdp_version
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    config = _config(_model_dir(tmp_path), strategy=strategy)
+    config = _config(tiny_model_dir(tmp_path), strategy=strategy)
     config.ref.strategy = strategy
     worker = ActorRolloutRefWorker(config, role="actor_rollout_ref")
     worker.init_model()
@@ -300,7 +248,7 @@ def test_veomni_family_worker_equals_the_fsdp2_worker(tmp_path, monkeypatch):
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     recorder = install_fake_veomni(monkeypatch)
-    path = _model_dir(tmp_path)
+    path = tiny_model_dir(tmp_path)
     results = {}
     batch = None
     for name, config in (("fsdp2", _config(path)), ("veomni", _veomni_config(path))):
@@ -349,7 +297,7 @@ def test_freeze_vision_tower_reaches_the_model_build_on_both_worker_paths(tmp_pa
     else:
         from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
-    worker = ActorRolloutRefWorker(_config(_model_dir(tmp_path), freeze_vision_tower=True), role="actor")
+    worker = ActorRolloutRefWorker(_config(tiny_model_dir(tmp_path), freeze_vision_tower=True), role="actor")
     with pytest.raises(
         ConfigError, match=r"actor_rollout_ref\.actor\.freeze_vision_tower: is set but Qwen2ForCausalLM"
     ):

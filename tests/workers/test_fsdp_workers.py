@@ -2,7 +2,6 @@
 ppo_trainer.yaml tree, with parameter and optimizer offload on."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -11,35 +10,14 @@ import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensordict import TensorDict
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 import verl.trainer.config as trainer_config_pkg
+from tests.workers.conftest import tiny_model_dir
 from verl.protocol import DataProto
-from verl.utils.testing.dist import spawn
-from verl.utils.tokenizer import build_offline_tokenizer
+from verl.utils.testing.dist import free_port, spawn
 
 PROMPTS_PER_RANK, N, PROMPT_LEN, RESPONSE_LEN = 2, 2, 6, 5
-
-
-def _model_dir(root) -> str:
-    tokenizer = build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300)
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    path = str(root / "tiny")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def _config(model_path: str, strategy: str):
@@ -140,12 +118,6 @@ def _worker(rank, world_size, port, cfg, ckpt_dir, out):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.dist
 @pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
 def test_workers_one_step_two_ranks(tmp_path, strategy):
@@ -154,10 +126,10 @@ def test_workers_one_step_two_ranks(tmp_path, strategy):
     update_actor reports the upstream metric names (no entropy metric: entropy_coeff=0) and moves the policy;
     save -> load into a fresh worker reproduces the updated log-probs exactly; the critic returns values that
     are 0 outside the response and reports critic/vf_loss and critic/lr."""
-    cfg = _config(_model_dir(tmp_path), strategy)
+    cfg = _config(tiny_model_dir(tmp_path), strategy)
     out = mp.Manager().dict()
     ckpt = str(tmp_path / "global_step_1" / "actor")
-    spawn(_worker, args=(2, _free_port(), cfg, ckpt, out), nprocs=2)
+    spawn(_worker, args=(2, free_port(), cfg, ckpt, out), nprocs=2)
     rows = PROMPTS_PER_RANK * N
     gen = out["gen"]
     assert set(gen.keys()) >= {"prompts", "responses", "input_ids", "attention_mask", "position_ids"}
@@ -187,7 +159,7 @@ def test_actor_rollout_worker_through_ray(tmp_path):
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
-    model_path = _model_dir(tmp_path)
+    model_path = tiny_model_dir(tmp_path)
     cfg = _config(model_path, "fsdp2")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -221,7 +193,7 @@ def test_workers_keep_the_global_config_and_plan_per_rank(tmp_path, monkeypatch)
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
-    cfg = _config(_model_dir(tmp_path), "fsdp2")
+    cfg = _config(tiny_model_dir(tmp_path), "fsdp2")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
         actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout_ref")

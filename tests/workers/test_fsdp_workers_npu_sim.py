@@ -2,84 +2,21 @@
 every phase, including checkpoint save/load and the HF export, must see its tensors on one device."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from tests.workers.conftest import offloaded_policy_config, tiny_model_dir, two_prompts
 from verl.protocol import DataProto
-from verl.utils.testing.dist import spawn
-from verl.utils.tokenizer import build_offline_tokenizer
+from verl.utils.testing.dist import free_port, spawn
 
 RESPONSE_LEN = 4
 
 
-def _model_dir(root) -> str:
-    tokenizer = build_offline_tokenizer([f"Q: {i} plus {i}? A: {2 * i}" for i in range(200)], vocab_size=300)
-    cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    path = str(root / "tiny")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def _config(model_path: str, strategy: str):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.create(
-        {
-            "model": {"path": model_path, "override_config": {"attn_implementation": "eager"}},
-            "actor": {
-                "strategy": strategy,
-                "ppo_mini_batch_size": 2,
-                "ppo_micro_batch_size_per_gpu": 2,
-                "rollout_n": 1,
-                "use_torch_compile": False,
-                "optim": {"lr": 1e-2},
-                "checkpoint": {
-                    "save_contents": ["model", "optimizer", "extra", "hf_model"],
-                    "load_contents": ["model", "optimizer", "extra"],
-                },
-                "fsdp_config": {"dtype": "float32", "param_offload": True, "optimizer_offload": True},
-            },
-            "rollout": {"name": "hf", "response_length": RESPONSE_LEN, "log_prob_micro_batch_size_per_gpu": 2},
-            "ref": {"strategy": strategy},
-        }
-    )
-
-
-def _prompts(pad_id: int) -> DataProto:
-    ids = torch.randint(5, 250, (2, 5), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    td = TensorDict({"input_ids": ids.masked_fill(mask == 0, pad_id), "attention_mask": mask, "position_ids": pos}, [2])
-    return DataProto(batch=td, meta_info={"do_sample": True})
-
-
 def _npu_params(module) -> set[str]:
     return {p.device.type for p in module.parameters()}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
@@ -93,7 +30,7 @@ def test_offloaded_actor_phases_and_checkpoint_on_simulated_npu(tmp_path, strate
 
     Runs in a fresh process: the autograd engine sizes its per-device queues at its first backward, so a
     simulated device installed after other tests' backward passes in the same process would not get one."""
-    spawn(_scenario, args=(_free_port(), str(tmp_path), strategy), nprocs=1)
+    spawn(_scenario, args=(free_port(), str(tmp_path), strategy), nprocs=1)
 
 
 def _scenario(rank: int, port: int, root: str, strategy: str) -> None:
@@ -119,11 +56,11 @@ def _run_phases(tmp_path, strategy: str) -> None:
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     assert get_device_name() == "npu"
-    path = _model_dir(tmp_path)
-    worker = ActorRolloutRefWorker(_config(path, strategy), role="actor_rollout")
+    path = tiny_model_dir(tmp_path)
+    worker = ActorRolloutRefWorker(offloaded_policy_config(path, RESPONSE_LEN, strategy), role="actor_rollout")
     worker.init_model()
     assert _npu_params(worker.actor_module_fsdp) == {"cpu"}
-    gen = worker.generate_sequences(_prompts(worker.model_config.tokenizer.pad_token_id))
+    gen = worker.generate_sequences(two_prompts(worker.model_config.tokenizer.pad_token_id))
     batch = DataProto(batch=gen.batch, meta_info={"temperature": 1.0})
     batch.batch["response_mask"] = batch.batch["attention_mask"][:, -RESPONSE_LEN:]
     batch.batch["old_log_probs"] = worker.compute_log_prob(batch).batch["old_log_probs"]
@@ -144,7 +81,7 @@ def _run_phases(tmp_path, strategy: str) -> None:
     saved = saved_tensor_devices(ckpt)  # the torch.save files (extra state); DCP writes the model/optimizer shards
     assert saved and all(len(devices) == 1 for devices in saved.values()), saved
 
-    resumed = ActorRolloutRefWorker(_config(path, strategy), role="actor")
+    resumed = ActorRolloutRefWorker(offloaded_policy_config(path, RESPONSE_LEN, strategy), role="actor")
     resumed.init_model()
     with _audit(resumed) as audit:
         resumed.load_checkpoint(ckpt)

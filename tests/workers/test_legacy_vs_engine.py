@@ -29,6 +29,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import verl.trainer.config as trainer_config_pkg
+from tests.workers.conftest import tiny_model_dir
 from verl.models.tiny import build_tiny_model
 from verl.models.transformers.patch_registry import apply_patches
 from verl.protocol import DataProto
@@ -288,25 +289,7 @@ def test_worker_level_one_trainer_step_matches_on_two_ranks(tmp_path, sp):
     responses, old/ref log-probs, entropies, values, critic and actor metrics (same names and values, incl. actor/lr,
     actor/kl_loss, actor/entropy, critic/vf_loss) and the same log-probs and values after the updates, on every
     rank (1e-6)."""
-    model_path = str(tmp_path / "tiny")
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = _tokenizer()
-    hf_cfg = Qwen2Config(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(hf_cfg).save_pretrained(model_path)
-    tokenizer.save_pretrained(model_path)
+    model_path = tiny_model_dir(tmp_path)
     out = mp.Manager().dict()
     cfg = _yaml_config(model_path, "fsdp2", sp)
     spawn(_dist_worker, args=(2, _free_port(), cfg, sp, out), nprocs=2)

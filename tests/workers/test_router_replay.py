@@ -10,13 +10,14 @@ import dataclasses
 import pytest
 import torch
 
+from tests.workers.conftest import log_probs_of
 from verl.models.tiny import build_tiny_model
 from verl.models.transformers.patch_registry import apply_patches
 from verl.models.transformers.router_replay import RouterReplayError, install_router_replay, moe_gates
 from verl.protocol import DataProto
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import FSDPActorConfig, RouterReplayConfig
-from verl.workers.core.model_forward import LogProbOptions, RoutingStep, forward_log_probs
+from verl.workers.core.model_forward import LogProbOptions, RoutingStep
 
 RESPONSE_LEN = 7
 
@@ -49,15 +50,7 @@ class ExpertsObserver:
 
 
 def _log_probs(model, batch, remove_padding=True, routing=None):
-    return forward_log_probs(
-        model,
-        batch,
-        response_length=RESPONSE_LEN,
-        temperature=1.0,
-        calculate_entropy=False,
-        options=LogProbOptions(use_remove_padding=remove_padding),
-        routing=routing,
-    )
+    return log_probs_of(model, batch, RESPONSE_LEN, remove_padding=remove_padding, routing=routing)
 
 
 def test_routing_layout_and_bytes_per_token(moe, make_batch):

@@ -22,12 +22,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.workers.conftest import rollout_batch
+from tests.workers.conftest import log_probs_of, rollout_batch
 from verl.models.tiny import build_tiny_model
 from verl.models.transformers.patch_registry import apply_patches
 from verl.models.transformers.router_replay import install_router_replay
 from verl.utils.testing.dist import run_on_ranks
-from verl.workers.core.model_forward import LogProbOptions, RoutingStep, forward_log_probs
+from verl.workers.core.model_forward import RoutingStep
 
 pytestmark = pytest.mark.dist
 
@@ -65,16 +65,7 @@ class _ExpertsObserver:
 def _forward(model, batch, group=None, routing=None, remove_padding=True, grad_weights=None):
     """Log-probs (B, R); with ``grad_weights`` also the gradients of sum(w * log-probs) (same w on every rank)."""
     model.zero_grad()
-    out = forward_log_probs(
-        model,
-        batch,
-        response_length=RESPONSE_LEN,
-        temperature=1.0,
-        calculate_entropy=False,
-        options=LogProbOptions(use_remove_padding=remove_padding),
-        ulysses_group=group,
-        routing=routing,
-    )
+    out = log_probs_of(model, batch, RESPONSE_LEN, remove_padding=remove_padding, group=group, routing=routing)
     if grad_weights is None:
         return out["log_probs"].detach(), None
     (out["log_probs"] * grad_weights).sum().backward()

@@ -1,5 +1,6 @@
-"""Shared builders of the vLLM multimodal rollout tests: the tiny Qwen3.5 VL checkpoint in the ``vllm`` profile and
-geo3k-format image prompts batched by the real dataset path (``RLHFDataset`` with the checkpoint's processor)."""
+"""Shared builders of the vLLM rollout tests: the tiny Qwen3.5 MoE checkpoint and left-padded prompts (text tests),
+the tiny Qwen3.5 VL checkpoint in the ``vllm`` profile and geo3k-format image prompts batched by the real dataset
+path (``RLHFDataset`` with the checkpoint's processor)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,35 @@ IMAGE_ROWS = (
     ("<image>what colour is the shape?", [(32, 32)]),
     ("compare <image> the shapes <image> and <image>", [(24, 40), (32, 32), (16, 48)]),
 )
+
+
+@pytest.fixture(scope="session")
+def moe_checkpoint(tmp_path_factory) -> str:
+    """The tiny Qwen3.5 MoE (``vllm`` profile, seed 0) with the character tokenizer; read-only for the tests."""
+    from verl.models.tiny import save_tiny_checkpoint
+    from verl.trainer.quickstart import build_char_tokenizer
+
+    path = tmp_path_factory.mktemp("qwen3_5_moe")
+    save_tiny_checkpoint("qwen3_5_moe", build_char_tokenizer(path), str(path), seed=0, profile="vllm")
+    return str(path)
+
+
+def left_padded_prompts(vocab: int, eos: int, pad: int):
+    """4 left-padded prompts (lengths 12, 10, 12, 8) of ids that are neither EOS nor pad, 2 samples each."""
+    import torch
+
+    from verl.protocol import DataProto
+
+    g = torch.Generator().manual_seed(0)
+    lengths, width = [12, 10, 12, 8], 12
+    ids = torch.full((len(lengths), width), pad)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        ids[row, width - length :] = torch.randint(4, vocab, (length,), generator=g)
+        mask[row, width - length :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    meta = {"eos_token_id": eos, "pad_token_id": pad, "do_sample": True, "validate": False, "n": 2}
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, meta_info=meta)
 
 
 @pytest.fixture(scope="session")

@@ -20,35 +20,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.workers.rollout.conftest import left_padded_prompts
+
 pytestmark = [pytest.mark.vllm]
 
 RESPONSE_LEN = 16
-
-
-@pytest.fixture(scope="module")
-def moe_checkpoint(tmp_path_factory) -> str:
-    from verl.models.tiny import save_tiny_checkpoint
-    from verl.trainer.quickstart import build_char_tokenizer
-
-    path = tmp_path_factory.mktemp("qwen3_5_moe_r3")
-    save_tiny_checkpoint("qwen3_5_moe", build_char_tokenizer(path), str(path), seed=0, profile="vllm")
-    return str(path)
-
-
-def _prompts(vocab: int, eos: int, pad: int):
-    """4 left-padded prompts (lengths 12, 10, 12, 8), 2 samples each."""
-    from verl.protocol import DataProto
-
-    g = torch.Generator().manual_seed(0)
-    lengths, width = [12, 10, 12, 8], 12
-    ids = torch.full((len(lengths), width), pad)
-    mask = torch.zeros_like(ids)
-    for row, length in enumerate(lengths):
-        ids[row, width - length :] = torch.randint(4, vocab, (length,), generator=g)
-        mask[row, width - length :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    meta = {"eos_token_id": eos, "pad_token_id": pad, "do_sample": True, "validate": False, "n": 2}
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, meta_info=meta)
 
 
 def _forwarded(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -73,7 +49,7 @@ def test_r3_actor_replays_the_vllm_routing(moe_checkpoint, request, capsys):
     actor = AutoModelForCausalLM.from_pretrained(moe_checkpoint, dtype=torch.float32).eval()
     apply_patches(actor, platform="cpu", report=False)
     cfg = actor.config
-    out = rollout.generate_sequences(_prompts(cfg.vocab_size, cfg.eos_token_id, cfg.pad_token_id))
+    out = rollout.generate_sequences(left_padded_prompts(cfg.vocab_size, cfg.eos_token_id, cfg.pad_token_id))
     batch = out.batch
     routed = batch["routed_experts"]
     router = install_router_replay(actor)

@@ -1,12 +1,9 @@
 """``DataParallelPPOActor``: the legacy FSDP actor (upstream name), a thin driver over ``verl.workers.core``.
 
-``compute_log_prob`` (old-log-prob and reference passes) and ``update_policy`` (PPO epochs over mini-batches,
-gradient accumulation over micro-batches, one clipped optimizer step per mini-batch) only decide *which* rows go
-through the shared core; the maths — packed forward, fused/chunked log-probs, losses, clipping — is the core's.
-
-The loops are the core's (``verl.workers.core.update_loop``, shared with the engine path). Batch sizes per
-data-parallel rank come from a ``BatchPlan``: the worker's ``actor_update_plan`` for ``update_policy`` (the config
-keeps its global, prompt-counted values) and ``meta_info`` for ``compute_log_prob``.
+``compute_log_prob`` (old-log-prob and reference passes) and ``update_policy`` only decide *which* rows go through
+the core's loops (``update_loop``, shared with the engine path) and maths. Per-rank sizes come from a ``BatchPlan``:
+the worker's ``actor_update_plan`` for ``update_policy`` (the config keeps its global, prompt-counted values) and
+``meta_info`` for ``compute_log_prob``.
 """
 
 from __future__ import annotations
@@ -26,15 +23,8 @@ from verl.workers.core.batch_plan import BatchPlan, ForwardSwitches, per_rank_up
 from verl.workers.core.losses import actor_loss
 from verl.workers.core.micro_forward import MODEL_INPUT_KEYS, policy_forward, select_inputs
 from verl.workers.core.model_forward import LogProbOptions
-from verl.workers.core.optimizer_step import clip_grad_and_step
 from verl.workers.core.routing import engine_routing_mode, replay_router, routing_keys
-from verl.workers.core.update_loop import (
-    forward_backward,
-    forward_only,
-    optimizer_step,
-    prefixed_engine_metrics,
-    run_mini_batches,
-)
+from verl.workers.core.update_loop import clipped_updates, forward_only, prefixed_engine_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -160,24 +150,21 @@ class DataParallelPPOActor(BasePPOActor):
                 micro_batch.batch["old_log_probs"] = outputs["log_probs"].detach()
             return outputs
 
-        def train_step(mini_batch: DataProto) -> dict[str, float]:
-            return optimizer_step(
-                lambda: forward_backward(
-                    mini_batch, self.update_plan, forward, partial(actor_loss, self.config), dp_group=self.dp_group
-                )[1],
-                self._zero_grad,
-                lambda: clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.grad_clip),
-            )
-
         self.actor_module.train()
         try:
-            metrics = run_mini_batches(data, self.update_plan, train_step, self._zero_grad)
+            metrics = clipped_updates(
+                data,
+                self.update_plan,
+                forward,
+                partial(actor_loss, self.config),
+                self.actor_module,
+                self.actor_optimizer,
+                self.config.grad_clip,
+                dp_group=self.dp_group,
+            )
         finally:
             self._stop_routing()
         return prefixed_engine_metrics(metrics, "actor")
-
-    def _zero_grad(self) -> None:
-        self.actor_optimizer.zero_grad(set_to_none=True)
 
     def _stop_routing(self) -> None:
         """Replay stays on through each backward (checkpoint recomputes); off afterwards, so the next forward of

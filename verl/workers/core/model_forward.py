@@ -227,44 +227,39 @@ def forward_log_probs(
         ``"routed_experts": (B, S, L, k)`` with ``routing``.
     """
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-    position_ids = _model_position_ids(batch["position_ids"])
     lm_head = get_lm_head(model)
     fused = options.use_fused(lm_head)
-    mm = dict(multi_modal_inputs or {})
-    if options.use_remove_padding:
-        log_probs, entropy = _packed_log_probs(
-            model,
-            lm_head,
-            input_ids,
-            attention_mask,
-            position_ids,
-            response_length,
-            temperature,
-            calculate_entropy,
-            options,
-            fused,
-            mm,
-            ulysses_group,
-            routing,
+    layout = _packed_window if options.use_remove_padding else _padded_window
+    window = layout(
+        model,
+        input_ids,
+        attention_mask,
+        _model_position_ids(batch["position_ids"]),
+        response_length,
+        temperature,
+        dict(multi_modal_inputs or {}),
+        ulysses_group,
+    )
+    call = window.call
+    if routing is not None:
+        batch_size, seqlen = input_ids.shape
+        call = lambda: routing.run(window.call, window.token_index, batch_size, seqlen, window.sp_group)  # noqa: E731
+    plan = LMHeadPlan(
+        select=window.select,
+        labels=window.labels,
+        temperature=window.temperature,
+        fused=fused,
+        compute_entropy=calculate_entropy,
+        chunk_size=options.fused_chunk_size,
+    )
+    log_probs, entropy = _run(model, lm_head, plan, call)
+    if not fused:
+        log_probs, entropy = _log_probs_from_logits(
+            log_probs, window.labels, window.temperature, options, calculate_entropy
         )
-    else:
-        log_probs, entropy = _padded_log_probs(
-            model,
-            lm_head,
-            input_ids,
-            attention_mask,
-            position_ids,
-            response_length,
-            temperature,
-            calculate_entropy,
-            options,
-            fused,
-            mm,
-            routing,
-        )
-    out = {"log_probs": log_probs}
+    out = {"log_probs": window.finish(log_probs)}
     if calculate_entropy:
-        out["entropys"] = entropy
+        out["entropys"] = window.finish(entropy)
     if routing is not None:
         out["routed_experts"] = routing.recorded
     return out
@@ -277,83 +272,48 @@ def _row_temperature(temperature, index: torch.Tensor, seqlen: int):
     return temperature.reshape(-1)[index // seqlen]
 
 
-def _packed_log_probs(
-    model,
-    lm_head,
-    input_ids,
-    attention_mask,
-    position_ids,
-    response_length,
-    temperature,
-    calculate_entropy,
-    options,
-    fused,
-    mm,
-    ulysses_group,
-    routing=None,
-):
+@dataclass
+class _Window:
+    """Where one forward's response window lies: the LM head's rows and labels, the model call, and how its
+    ``(N,)``/``(B, R)`` results go back to the ``(B, R)`` window (packed: scattered; padded: masked)."""
+
+    select: Any
+    labels: torch.Tensor
+    temperature: float | torch.Tensor
+    call: Any
+    token_index: torch.Tensor
+    sp_group: ProcessGroup | None
+    finish: Any
+
+
+def _packed_window(model, input_ids, attention_mask, position_ids, response_length, temperature, mm, ulysses_group):
     batch_size, seqlen = input_ids.shape
     packed = pack_padded_batch(input_ids, attention_mask, position_ids)
     rows, flat_idx = _window_rows(packed, response_length)
-    labels = input_ids.reshape(-1)[flat_idx + 1].unsqueeze(0)  # (1, N)
-    row_temperature = _row_temperature(temperature, flat_idx, seqlen)
-    plan = LMHeadPlan(
+    return _Window(
         select=lambda hidden: hidden[:, rows],
-        labels=labels,
-        temperature=row_temperature,
-        fused=fused,
-        compute_entropy=calculate_entropy,
-        chunk_size=options.fused_chunk_size,
+        labels=input_ids.reshape(-1)[flat_idx + 1].unsqueeze(0),  # (1, N)
+        temperature=_row_temperature(temperature, flat_idx, seqlen),
+        call=lambda: forward_packed(model, packed, ulysses_group=ulysses_group, **mm),
+        token_index=packed.indices,
+        sp_group=ulysses_group,
+        finish=lambda v: _to_window(v.reshape(-1), flat_idx, batch_size, seqlen, response_length),
     )
-    call = lambda: forward_packed(model, packed, ulysses_group=ulysses_group, **mm)  # noqa: E731
-    if routing is not None:
-        call = _routed(routing, call, packed.indices, batch_size, seqlen, ulysses_group)
-    log_probs, entropy = _run(model, lm_head, plan, call)
-    if not fused:
-        log_probs, entropy = _log_probs_from_logits(log_probs, labels, row_temperature, options, calculate_entropy)
-    to_window = lambda v: _to_window(v.reshape(-1), flat_idx, batch_size, seqlen, response_length)  # noqa: E731
-    return to_window(log_probs), None if entropy is None else to_window(entropy)
 
 
-def _padded_log_probs(
-    model,
-    lm_head,
-    input_ids,
-    attention_mask,
-    position_ids,
-    response_length,
-    temperature,
-    calculate_entropy,
-    options,
-    fused,
-    mm,
-    routing=None,
-):
+def _padded_window(model, input_ids, attention_mask, position_ids, response_length, temperature, mm, ulysses_group):
     batch_size, seqlen = input_ids.shape
     window = slice(seqlen - response_length - 1, seqlen - 1)
-    labels = input_ids[:, window.start + 1 :]  # (B, R): the response tokens
-    plan = LMHeadPlan(
+    valid = attention_mask[:, window]  # zero at padding, like the packed path, so both layouts return the same
+    return _Window(
         select=lambda hidden: hidden[:, window],
-        labels=labels,
+        labels=input_ids[:, window.start + 1 :],  # (B, R): the response tokens
         temperature=temperature,
-        fused=fused,
-        compute_entropy=calculate_entropy,
-        chunk_size=options.fused_chunk_size,
+        call=lambda: forward_padded(model, input_ids, attention_mask, position_ids, **mm),
+        token_index=torch.arange(batch_size * seqlen, device=input_ids.device),
+        sp_group=None,
+        finish=lambda v: v * valid.to(v.dtype),
     )
-    call = lambda: forward_padded(model, input_ids, attention_mask, position_ids, **mm)  # noqa: E731
-    if routing is not None:
-        every_token = torch.arange(batch_size * seqlen, device=input_ids.device)
-        call = _routed(routing, call, every_token, batch_size, seqlen)
-    log_probs, entropy = _run(model, lm_head, plan, call)
-    if not fused:
-        log_probs, entropy = _log_probs_from_logits(log_probs, labels, temperature, options, calculate_entropy)
-    # zero at padding, like the packed path, so both layouts return the same tensor
-    valid = attention_mask[:, window].to(log_probs.dtype)
-    return log_probs * valid, None if entropy is None else entropy * valid
-
-
-def _routed(routing: RoutingStep, call, token_index: torch.Tensor, batch_size: int, seqlen: int, sp_group=None):
-    return lambda: routing.run(call, token_index, batch_size, seqlen, sp_group)
 
 
 def forward_values(

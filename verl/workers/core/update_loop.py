@@ -22,9 +22,17 @@ from verl.utils.py_functional import append_to_dict
 from verl.workers.core.batch_plan import BatchPlan
 from verl.workers.core.losses import MetricAccumulator
 from verl.workers.core.micro_batching import GlobalBatchInfo, global_batch_info, iter_mini_batches, restore_order
-from verl.workers.core.optimizer_step import StepResult
+from verl.workers.core.optimizer_step import StepResult, clip_grad_and_step
 
-__all__ = ["forward_backward", "forward_only", "optimizer_step", "prefixed_engine_metrics", "run_mini_batches"]
+__all__ = [
+    "clipped_updates",
+    "forward_backward",
+    "forward_only",
+    "optimizer_step",
+    "prefixed_engine_metrics",
+    "run_mini_batches",
+    "scheduled_update",
+]
 
 ForwardFn = Callable[[DataProto], dict[str, torch.Tensor]]
 """The model forward of one micro-batch: ``{name: (b, R) tensor}``."""
@@ -116,7 +124,45 @@ def run_mini_batches(
     return metrics
 
 
+def clipped_updates(
+    data: DataProto,
+    plan: BatchPlan,
+    forward: ForwardFn,
+    loss_fn: LossFn,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    grad_clip: float,
+    *,
+    dp_group: dist.ProcessGroup | None = None,
+    config_key: str = "actor.grad_clip",
+) -> dict[str, list[float]]:
+    """:func:`run_mini_batches` with one :func:`optimizer_step` (:func:`forward_backward`, then
+    ``clip_grad_and_step`` to ``grad_clip``) per mini-batch: the update of a model the caller holds directly (the
+    legacy actor and critic; an engine steps its own optimizer, ``BaseEngine.train_batch``)."""
+
+    def zero_grad() -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def train_step(mini_batch: DataProto) -> dict[str, float]:
+        return optimizer_step(
+            lambda: forward_backward(mini_batch, plan, forward, loss_fn, dp_group=dp_group)[1],
+            zero_grad,
+            lambda: clip_grad_and_step(module, optimizer, grad_clip, config_key=config_key),
+        )
+
+    return run_mini_batches(data, plan, train_step, zero_grad)
+
+
 def prefixed_engine_metrics(metrics: dict[str, list[float]], prefix: str) -> dict[str, list[float]]:
     """Step-level metric names (``grad_norm``, ``skipped_steps``) under the role prefix (``actor/grad_norm``); the
     loss terms already carry theirs (``actor/pg_loss``)."""
     return {(f"{prefix}/{key}" if key in ENGINE_METRICS else key): value for key, value in metrics.items()}
+
+
+def scheduled_update(update: Callable[[], dict[str, Any]], lr_scheduler: Any, prefix: str) -> dict[str, Any]:
+    """``update()``'s metrics plus ``<prefix>/lr``, the learning rate the update used; the schedule then steps once
+    (one step per ``update_actor``/``update_critic`` call, on both worker paths)."""
+    lr = lr_scheduler.get_last_lr()[0]
+    metrics = update()
+    lr_scheduler.step()
+    return {**metrics, f"{prefix}/lr": lr}

@@ -19,14 +19,7 @@ from verl.workers.config.critic import CriticConfig
 from verl.workers.core.batch_plan import BatchPlan, per_rank_update_plan
 from verl.workers.core.losses import value_loss
 from verl.workers.core.micro_forward import MODEL_INPUT_KEYS, select_inputs, value_forward
-from verl.workers.core.optimizer_step import clip_grad_and_step
-from verl.workers.core.update_loop import (
-    forward_backward,
-    forward_only,
-    optimizer_step,
-    prefixed_engine_metrics,
-    run_mini_batches,
-)
+from verl.workers.core.update_loop import clipped_updates, forward_only, prefixed_engine_metrics
 from verl.workers.critic.base import BasePPOCritic
 
 __all__ = ["DataParallelPPOCritic"]
@@ -88,21 +81,16 @@ class DataParallelPPOCritic(BasePPOCritic):
         """``ppo_epochs`` passes, one clipped optimizer step per mini-batch, clipped value loss
         (``cliprange_value``). ``data.batch``: model inputs, response_mask, values (v_old), returns."""
         data = select_inputs(data, [*MODEL_INPUT_KEYS, "response_mask", "values", "returns"], "update_critic")
-        loss_fn = partial(value_loss, self.config)
-
-        def train_step(mini_batch: DataProto) -> dict[str, float]:
-            return optimizer_step(
-                lambda: forward_backward(mini_batch, self.update_plan, self._forward, loss_fn, dp_group=self.dp_group)[
-                    1
-                ],
-                self._zero_grad,
-                lambda: clip_grad_and_step(
-                    self.critic_module, self.critic_optimizer, self.config.grad_clip, config_key="critic.grad_clip"
-                ),
-            )
-
         self.critic_module.train()
-        return prefixed_engine_metrics(run_mini_batches(data, self.update_plan, train_step, self._zero_grad), "critic")
-
-    def _zero_grad(self) -> None:
-        self.critic_optimizer.zero_grad(set_to_none=True)
+        metrics = clipped_updates(
+            data,
+            self.update_plan,
+            self._forward,
+            partial(value_loss, self.config),
+            self.critic_module,
+            self.critic_optimizer,
+            self.config.grad_clip,
+            dp_group=self.dp_group,
+            config_key="critic.grad_clip",
+        )
+        return prefixed_engine_metrics(metrics, "critic")

@@ -1,17 +1,15 @@
 """``FSDPEngine`` (FSDP1 / FSDP2) over the shared worker core, with an LM head or a value head (upstream names).
 
-The engine adds no maths and no loop of its own: micro-batching, the packed model forward, log-probs/entropy,
-values, losses, the micro-batch loop and the clipped optimizer step are the functions of ``verl.workers.core`` that
-the legacy ``DataParallelPPOActor`` calls too (``tests/workers/test_legacy_vs_engine.py`` runs both and compares).
-What the engine owns is the lifecycle: build and shard the model, the optimizer and lr schedule, checkpoints and the
-full-weight stream for the rollout. Offload (``param_offload``/``optimizer_offload``/``offload_policy``) is the
-core's ``Placement`` rule, the legacy worker's too: ``train_mode``/``eval_mode`` and checkpoints load what it
-offloads and offload it again.
+The engine adds no maths and no loop of its own (those are ``verl.workers.core``'s, see its package docstring); it
+owns the lifecycle both worker paths build through: the sharded model, optimizer and lr schedule, the offload rule
+(``Placement``: ``train_mode``/``eval_mode`` and checkpoints load what it offloads and offload it again),
+checkpoints and the full-weight stream for the rollout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -276,23 +274,14 @@ class FSDPEngineWithLMHead(FSDPEngine):
 
     model_type = "language_model"
 
-    def __init__(
-        self,
-        model_config: HFModelConfig | FSDPCriticModelCfg,
-        engine_config: FSDPEngineConfig,
-        optimizer_config: OptimizerConfig | None = None,
-        checkpoint_config: CheckpointConfig | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, **kwargs)
-        self.log_prob_options = LogProbOptions(
-            use_remove_padding=model_config.use_remove_padding,
-            use_fused_kernels=model_config.use_fused_kernels,
-            entropy_from_logits_with_chunking=engine_config.entropy_from_logits_with_chunking,
-            chunk_size=engine_config.entropy_from_logits_chunk_size,
-            entropy_checkpointing=engine_config.entropy_checkpointing,
-        )
-        self._router: Any = None
+    _router: Any = None
+    """The model's ``RouterReplay``, installed by the first forward that records or replays the routing."""
+
+    @functools.cached_property
+    def log_prob_options(self) -> LogProbOptions:
+        """How the forward runs: the model block's padding/fused flags and the engine's ``entropy_*`` keys."""
+        model = self.model_config
+        return LogProbOptions.from_config(self.engine_config, model.use_remove_padding, model.use_fused_kernels)
 
     def forward_step(self, micro_batch: DataProto, switches: ForwardSwitches) -> dict[str, torch.Tensor]:
         """``{"log_probs": (b, R)}`` (+ ``"entropys"`` with ``calculate_entropy``); needs the ``temperature``."""
@@ -322,7 +311,6 @@ class FSDPEngineWithLMHead(FSDPEngine):
                 self._router.stop()
 
     def _replay_router(self) -> Any:
-        """The model's ``RouterReplay``, installed on the first forward that records or replays the routing."""
         if self._router is None:
             self._router = install_router_replay(self._require_module())
         return self._router
