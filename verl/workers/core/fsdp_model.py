@@ -33,7 +33,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from verl.models.transformers.patch_registry import apply_patches, probe_patches
 from verl.utils.activation_offload import enable_activation_offloading
 from verl.utils.device import get_device_name
-from verl.utils.platform import get_platform
 from verl.utils.fsdp_utils import get_fsdp_adapter, mixed_precision_dtypes, to_torch_dtype
 from verl.utils.model import (
     attach_value_head,
@@ -44,6 +43,7 @@ from verl.utils.model import (
     untie_word_embeddings,
 )
 from verl.utils.model import freeze_vision_tower as _freeze_vision_tower  # the parameter below has the plain name
+from verl.utils.platform import get_platform
 from verl.workers.core.optimizer_step import build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)
