@@ -35,16 +35,20 @@ __all__ = ["ProbeCalls", "probe_inputs", "record_call", "run_probe"]
 
 @dataclass
 class ProbeCalls:
-    """What the patched code reported during one probe: key -> number of good calls, and the reasons of bad ones."""
+    """What one probe saw: key -> number of good calls, the reasons of bad ones, and per mode (``"train"`` /
+    ``"eval"``) the exception a probe forward raised, if any."""
 
     good: dict[str, int] = field(default_factory=dict)
     bad: dict[str, list[str]] = field(default_factory=dict)
+    errors: dict[str, BaseException] = field(default_factory=dict)
 
     def merge(self, other: ProbeCalls) -> None:
         for key, count in other.good.items():
             self.good[key] = self.good.get(key, 0) + count
         for key, reasons in other.bad.items():
             self.bad.setdefault(key, []).extend(reasons)
+        for mode, error in other.errors.items():
+            self.errors.setdefault(mode, error)
 
 
 _ACTIVE: ContextVar[ProbeCalls | None] = ContextVar("verl_patch_probe", default=None)
@@ -126,7 +130,8 @@ def probe_inputs(model: nn.Module, device: torch.device) -> list[tuple[object, d
 def run_probe(model: nn.Module, device: torch.device) -> ProbeCalls:
     """Run the probe batches through ``model`` (possibly FSDP-wrapped) in train and eval mode; what was recorded.
 
-    The model's mode is restored; no gradients are computed; the host RNG is left as it was.
+    A forward that raises is recorded (``ProbeCalls.errors``), not propagated: the caller reports which patches ran
+    before it. The model's mode is restored; no gradients are computed; the host RNG is left as it was.
     """
     from verl.models.transformers.packed_forward import _unwrap, forward_packed
 
@@ -139,7 +144,10 @@ def run_probe(model: nn.Module, device: torch.device) -> ProbeCalls:
                 model.train(training)
                 for packed, extra in batches:
                     with _recording() as seen:
-                        forward_packed(model, packed, return_hidden=True, **extra)
+                        try:
+                            forward_packed(model, packed, return_hidden=True, **extra)
+                        except Exception as error:  # reported with the patch statuses by the caller
+                            seen.errors["train" if training else "eval"] = error
                     calls.merge(_mode_calls(seen, training))
     finally:
         model.train(was_training)
@@ -152,16 +160,28 @@ def _mode_calls(seen: ProbeCalls, training: bool) -> ProbeCalls:
     return ProbeCalls(
         good={k + suffix: v for k, v in seen.good.items()},
         bad={k + suffix: v for k, v in seen.bad.items()},
+        errors=seen.errors,
     )
 
 
 def missing_reason(calls: ProbeCalls, key: str) -> str | None:
-    """None when the code recorded under ``key`` ran correctly in both modes, else what went wrong."""
-    problems = []
+    """None when the code recorded under ``key`` ran correctly in both modes, else what went wrong (per mode)."""
+    problems: dict[str, list[str]] = {}
     for mode in ("train", "eval"):
         mode_key = f"{key}@{mode}"
         if calls.good.get(mode_key):
             continue
-        bad = calls.bad.get(mode_key)
-        problems.append(f"in {mode}() it ran {bad[0]}" if bad else f"its code never ran in {mode}() mode")
-    return "; ".join(problems) or None
+        bad, error = calls.bad.get(mode_key), calls.errors.get(mode)
+        if bad:
+            problem = f"it ran {bad[0]}"
+        elif error is not None:
+            problem = f"the model raised before it ran ({type(error).__name__}: {_short(str(error))})"
+        else:
+            problem = "its code never ran"
+        problems.setdefault(problem, []).append(f"{mode}()")
+    return "; ".join(f"in {' and '.join(modes)} {problem}" for problem, modes in problems.items()) or None
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

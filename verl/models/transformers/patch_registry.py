@@ -231,10 +231,9 @@ def apply_patches(
         statuses.append(_apply_one(patch, model, tf_version))
     previous = getattr(model, _STATUS_ATTR, [])
     object.__setattr__(model, _STATUS_ATTR, previous + statuses)
-    if probe:
-        parameter = next(model.parameters(), None)
-        if parameter is not None and parameter.device.type != "meta":
-            statuses = probe_patches(model, device=parameter.device, statuses=statuses)
+    parameter = next(model.parameters(), None) if probe else None
+    if parameter is not None and parameter.device.type != "meta":
+        return probe_patches(model, device=parameter.device, statuses=statuses, report=report, platform=platform)
     if report:
         print(format_patch_report(statuses, model_type=model_type, platform=platform), flush=True)
     return statuses
@@ -264,6 +263,7 @@ def probe_patches(
     stored = list(getattr(inner, _STATUS_ATTR, []))
     statuses = list(stored if statuses is None else statuses)
     pending = [s for s in statuses if s.state == APPLIED and s.probe_key and not s.probed]
+    calls = None
     if pending:
         calls = run_probe(model, torch.device(device))
         proven = {}
@@ -276,25 +276,32 @@ def probe_patches(
         statuses = [proven.get(s.name, s) for s in statuses]
         object.__setattr__(inner, _STATUS_ATTR, [proven.get(s.name, s) for s in stored])
     if report:
-        model_type = getattr(getattr(inner, "config", None), "model_type", "?")
+        model_type = getattr(getattr(inner, "config", None), "model_type", None) or "?"
         print(format_patch_report(statuses, model_type=model_type, platform=platform), flush=True)
-    _stop_on_missing_required(inner, statuses)
+    _stop_on_missing_required(inner, statuses, calls)
+    if calls is not None and calls.errors:
+        mode, error = next(iter(calls.errors.items()))
+        raise RuntimeError(
+            f"the start-up probe (a 5-token packed batch through {type(inner).__name__}) failed in {mode}() mode: "
+            f"{type(error).__name__}: {error}. The first training step would fail the same way."
+        ) from error
     return statuses
 
 
-def _stop_on_missing_required(model: nn.Module, statuses: list[PatchStatus]) -> None:
+def _stop_on_missing_required(model: nn.Module, statuses: list[PatchStatus], calls) -> None:
     missing = [s for s in statuses if s.required and s.state == NOT_ON_CALL_PATH]
     if not missing:
         return
     import transformers
 
     details = "; ".join(f"{s.name!r}: {s.reason}" for s in missing)
+    cause = next(iter(calls.errors.values()), None) if calls is not None else None
     raise RuntimeError(
         f"required model patch(es) not on the call path of {type(model).__name__} with transformers "
         f"{transformers.__version__} ({details}). The patch was applied but the model does not run it, so training "
         "would be silently wrong; the run stops before its first step. Install a transformers version this release "
         "was tested with (pip install -r envs/locks/main.lock, or see setup.py) and report the version that breaks."
-    )
+    ) from cause
 
 
 def get_patch_status(model: nn.Module) -> dict[str, PatchStatus]:
