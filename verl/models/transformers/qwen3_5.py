@@ -12,7 +12,7 @@ re-dispatch of transformers >= 5.25 cannot undo) that runs :func:`verl.ops.causa
 (:mod:`verl.models.transformers.patch_probe`) whether it received the boundaries.
 
 Does the project still need its own patch where transformers >= 5.15 threads ``cu_seq_lens_q`` / ``seq_idx`` to
-fla and causal-conv1d itself (docs/qwen3_5.md, "transformers 5.25")? Yes: HF's conv keeps sequences apart only with
+fla and causal-conv1d itself (docs/qwen3_5.md, "transformers 5.25: the hub-kernel layer")? Yes: HF's conv keeps sequences apart only with
 the CUDA-only ``causal-conv1d`` package (on Ascend, and on the CPU, it refuses ``seq_idx`` or leaks), 5.4-5.14
 cannot pass boundaries at all, and Ulysses SP needs the head-split layer below.
 

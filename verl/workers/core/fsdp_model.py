@@ -146,6 +146,7 @@ def build_fsdp_model(
     if training and model_config.enable_activation_offload:
         enable_activation_offloading(module, strategy, model_config.enable_gradient_checkpointing)
     probe_patches(module, device=get_platform().device(), report=_rank() == 0, platform=get_device_name())
+    adapter.reshard(module)  # the probe ran forwards without backward: shards back before the optimizer sees them
     built = FSDPModel(module=module, hf_config=hf_config)
     if optim_config is not None and training:
         built.optimizer = build_optimizer(module.parameters(), optim_config)
