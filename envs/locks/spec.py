@@ -93,7 +93,7 @@ SPECS: tuple[LockSpec, ...] = (
         "docker/ascend/aarch64.lock",
         "docker/ascend/Dockerfile on aarch64 (Kunpeng hosts of Atlas 800T A2)",
         python="3.11",
-        platform="aarch64-manylinux_2_28",
+        platform="aarch64-manylinux_2_35",  # the CANN base image is Ubuntu 22.04: glibc 2.35
         **ASCEND_INPUTS,
     ),
     LockSpec(
@@ -101,7 +101,7 @@ SPECS: tuple[LockSpec, ...] = (
         "docker/ascend/x86_64.lock",
         "docker/ascend/Dockerfile on x86_64",
         python="3.11",
-        platform="x86_64-manylinux_2_28",
+        platform="x86_64-manylinux_2_35",
         **ASCEND_INPUTS,
         cpu_torch_from_pytorch_index=("torch", "torchvision", "torchaudio"),
         # xgrammar asks for triton on x86_64, but triton-ascend owns the same `triton` module and libtriton.so: with
@@ -114,7 +114,7 @@ SPECS: tuple[LockSpec, ...] = (
         "docker/cuda/x86_64.lock",
         "docker/cuda/Dockerfile on x86_64",
         "3.12",
-        "x86_64-manylinux_2_28",
+        "x86_64-manylinux_2_39",  # nvidia/cuda:12.8.1-base-ubuntu24.04: glibc 2.39
         **CUDA_INPUTS,
     ),
     LockSpec(
@@ -122,7 +122,7 @@ SPECS: tuple[LockSpec, ...] = (
         "docker/cuda/aarch64.lock",
         "docker/cuda/Dockerfile on aarch64",
         "3.12",
-        "aarch64-manylinux_2_28",
+        "aarch64-manylinux_2_39",
         **CUDA_INPUTS,
         seed="cuda-x86_64",
     ),
