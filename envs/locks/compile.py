@@ -38,7 +38,7 @@ from spec import (  # noqa: E402
 )
 
 # The CPU build of torch for the CPU environments: the local wheel directory where the machine has one (CI's),
-# else the project page of PyPI-compatible PyTorch CPU index, read as a find-links page.
+# else the torch page of PyTorch's CPU index, read as a find-links page (not reachable here, so not tried here).
 LOCAL_WHEELS = Path("/opt/wheels")
 PYTORCH_CPU_TORCH_PAGE = "https://download.pytorch.org/whl/cpu/torch/"
 
@@ -63,7 +63,7 @@ def uv_compile(uv: str, spec: LockSpec, workdir: Path, no_emit: list[str], overr
         args += ["--no-emit-package", name]
     if spec.torch_find_links:
         args += ["--find-links", torch_find_links()]
-    # Never download a managed Python (the image's 3.12 needs none: resolving reads metadata, it runs nothing).
+    # Never download a managed Python for the image's 3.12: the local interpreter serves to read an sdist's metadata.
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True)
     if done.returncode != 0:
