@@ -94,9 +94,14 @@ def verify_lock(spec: LockSpec, dest: Path) -> Result:
             break
         missing = _NOT_FOUND.search(done.stderr + done.stdout)
         if not missing or canonical(missing.group(1)) not in pending:
-            # Not a missing file (a hash mismatch, a network error): report every line still pending, with pip's words.
+            # Not a missing file (a hash mismatch, a network error): pip stops at the first, so each line alone.
             print(done.stderr.strip()[-2000:], file=sys.stderr)
-            result.failed += [p.pin for p in pending.values()]
+            for package in pending.values():
+                alone = pip_download(
+                    ["--require-hashes", "-r", str(requirement_file([package], dest / "one.txt"))] + binary_args(spec),
+                    dest,
+                )
+                (result.resolved if alone.returncode == 0 else result.failed).append(package.pin)
             break
         package = pending.pop(canonical(missing.group(1)))
         if download_sdist(package, dest):
