@@ -285,18 +285,33 @@ def dockerfile_args(path: Path) -> dict[str, str]:
     return args
 
 
+def image_row_pins(path: Path) -> dict[str, str]:
+    """`name==version` lines of an image's requirements.in (its own lines, not the files it includes with -r)."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        requirement = line.partition("#")[0].strip()
+        if "==" in requirement and not requirement.startswith("-"):
+            name, version = requirement.split("==", 1)
+            pins[name.strip()] = version.strip()
+    return pins
+
+
 def test_ascend_image_pins_are_the_guide_matrix_row():
-    """Every version the Ascend Dockerfile pins appears in the guide's matrix and in docker/README.md."""
+    """Every version of the Ascend image's row (requirements.in, the vLLM tag, CANN) is in the guide's matrix and
+    in docker/README.md; the vLLM requirements the lock is compiled with are those of the vLLM tag the image builds."""
+    pinned = image_row_pins(DOCKER_DIR / "ascend" / "requirements.in")
+    assert {"torch", "torch-npu", "vllm-ascend", "transformers"} <= set(pinned)
     args = dockerfile_args(DOCKER_DIR / "ascend" / "Dockerfile")
-    pinned = {k: v for k, v in args.items() if k.endswith("_VERSION")}
-    assert {"TORCH_VERSION", "TORCH_NPU_VERSION", "VLLM_VERSION", "VLLM_ASCEND_VERSION"} <= set(pinned)
+    pinned["vllm"] = args["VLLM_VERSION"]
+    included = (DOCKER_DIR / "ascend" / "requirements.in").read_text()
+    assert f"-r vllm-{args['VLLM_VERSION']}-requirements-common.txt" in included
     cann = args["CANN_IMAGE"].rsplit(":", 1)[1].split("-")[0]  # quay.io/ascend/cann:8.5.1-910b-... -> 8.5.1
     guide = ASCEND_GUIDE.read_text()
     matrix = [line for line in guide.splitlines() if line.startswith("| ")]
     readme = (DOCKER_DIR / "README.md").read_text()
     for name, version in [*pinned.items(), ("CANN", cann)]:
-        assert any(version in row for row in matrix), f"{name}={version} is not in the docs/ascend.md matrix"
-        assert version in readme, f"{name}={version} is not in docker/README.md"
+        assert any(version in row for row in matrix), f"{name}=={version} is not in the docs/ascend.md matrix"
+        assert version in readme, f"{name}=={version} is not in docker/README.md"
 
 
 def test_verify_pins_flags_wrong_and_missing_versions():

@@ -231,6 +231,12 @@ class FSDPAdapter(ABC):
     def load_params(self, module: nn.Module, device: torch.device | str) -> None:
         """Move the sharded parameters (and their gradients) back to ``device``."""
 
+    @abstractmethod
+    def reshard(self, module: nn.Module) -> None:
+        """Free the gathered parameters a forward without backward left behind (the root unit, and every unit with
+        ``reshard_after_forward=False``), so the module holds its shards again and ``module.parameters()`` are the
+        sharded parameters (what an optimizer must be built on)."""
+
 
 def _fsdp1_sharding(mesh: DeviceMesh, reshard_after_forward: bool) -> tuple[Any, DeviceMesh]:
     """FSDP1 sharding strategy (and the mesh to pass) for a 1-D ``("fsdp",)`` or HSDP ``("ddp", "fsdp")`` mesh.
@@ -359,6 +365,11 @@ class FSDP1Adapter(FSDPAdapter):
     def load_params(self, module, device):
         move_fsdp1_flat_params(module, torch.device(device))
 
+    def reshard(self, module):
+        # FSDP1's ``parameters()`` are the flat parameters whether gathered or not, and its next forward frees what
+        # a previous one left gathered: nothing to do.
+        return None
+
 
 class FSDP2Adapter(FSDPAdapter):
     strategy = "fsdp2"
@@ -459,6 +470,12 @@ class FSDP2Adapter(FSDPAdapter):
 
     def load_params(self, module, device):
         module.to(device)
+
+    def reshard(self, module):
+        # FSDP2 registers the gathered tensors as the module's parameters while a unit is unsharded
+        for unit in module.modules():
+            if isinstance(unit, FSDPModule):
+                unit.reshard()
 
 
 _ADAPTERS: dict[str, FSDPAdapter] = {"fsdp": FSDP1Adapter(), "fsdp2": FSDP2Adapter()}

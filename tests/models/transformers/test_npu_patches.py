@@ -164,6 +164,7 @@ def test_fusion_attention_runs_tnd_on_packed_input_only(sim, monkeypatch):
 
     monkeypatch.setattr(torch_npu, "npu_fusion_attention", spy)
     patched, _ = _on_npu(_model("qwen3"))
+    calls.clear()  # the start-up probe's own packed batch (lengths 3, 2) in train and eval mode
     _logits(patched, "npu", packed=True)
     assert calls == [("TND", [7, 8, 20], 3)] * 2  # 2 layers; lengths 7, 1, 12 → cumulative ends 7, 8, 20
     calls.clear()
@@ -213,12 +214,15 @@ def test_patches_touch_instances_not_classes(sim):
     """The class forwards are untouched; an unpatched instance of the same class runs the original code."""
     from transformers.models.qwen3 import modeling_qwen3
 
+    from verl.models.transformers.instance_patch import has_own_forward, original_class
+
     class_forwards = {c: c.forward for c in (modeling_qwen3.Qwen3RMSNorm, modeling_qwen3.Qwen3Attention)}
     patched, _ = _on_npu(_model("qwen3"))
     fresh = _model("qwen3")
     assert {c: c.forward for c in class_forwards} == class_forwards
-    assert "forward" in vars(patched.model.layers[0].self_attn)
-    assert "forward" not in vars(fresh.model.layers[0].self_attn)
+    patched_attention, fresh_attention = patched.model.layers[0].self_attn, fresh.model.layers[0].self_attn
+    assert has_own_forward(patched_attention) and original_class(patched_attention) is modeling_qwen3.Qwen3Attention
+    assert not has_own_forward(fresh_attention) and type(fresh_attention) is modeling_qwen3.Qwen3Attention
     assert modeling_qwen3.apply_rotary_pos_emb.__module__ == modeling_qwen3.__name__
 
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from verl.models.tiny import build_tiny_model
+from verl.models.transformers.instance_patch import original_class
 from verl.models.transformers.packed_forward import forward_packed
 from verl.models.transformers.patch_registry import apply_patches
 from verl.utils.packing import PackedBatch, pack_padded_batch, pack_values
@@ -243,7 +244,8 @@ def _guards(rank: int, group) -> dict:
     res["heads"] = _error(lambda: forward_packed(three_heads, _packed((7, 1, 12, 5)), ulysses_group=group))
     bypassed = _model("llama")
     forward_packed(bypassed, _packed((3, 4)), ulysses_group=group)  # installs the SP attention wrapper
-    del bypassed.model.layers[1].self_attn.forward  # a later patch dropping the wrapper: silent local attention
+    attention = bypassed.model.layers[1].self_attn
+    attention.__class__ = original_class(attention)  # a later pass dropping the wrapper: silent local attention
     res["bypassed"] = _error(lambda: forward_packed(bypassed, _packed((7, 1, 12, 5)), ulysses_group=group))
     return res
 

@@ -107,3 +107,69 @@ def test_freeze_vision_tower_on_a_text_model_names_the_key(tmp_path):
 
     with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.freeze_vision_tower: is set but .* no vision"):
         freeze_vision_tower(torch.nn.Linear(2, 2))
+
+
+def _gdn_kernel_spy(monkeypatch) -> list:
+    """Record the ``cu_seqlens`` every call of the project's gated-delta-rule kernel receives (patched GDN layers
+    look the kernel up in ``verl.models.transformers.qwen3_5`` at call time)."""
+    from verl.models.transformers import qwen3_5
+
+    seen, real = [], qwen3_5.chunk_gated_delta_rule
+
+    def spy(*args, cu_seqlens=None, **kwargs):
+        seen.append(None if cu_seqlens is None else cu_seqlens.tolist())
+        return real(*args, cu_seqlens=cu_seqlens, **kwargs)
+
+    monkeypatch.setattr(qwen3_5, "chunk_gated_delta_rule", spy)
+    return seen
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_worker_built_qwen3_5_moe_trains_on_the_projects_gdn_kernel(tmp_path, monkeypatch, strategy):
+    """Invariant: a Qwen3.5-MoE built exactly as the workers build it (``from_pretrained`` of a saved checkpoint,
+    the patch registry, gradient checkpointing, FSDP wrap, then ``train()`` as the update does) runs every Gated
+    DeltaNet layer through the project's varlen kernel with the packed batch's ``cu_seqlens``, and its packed
+    log-probs equal each sequence run alone (fp32, 1e-5).
+
+    This is the path transformers 5.25 broke: ``from_pretrained`` enables its hub-kernel layer and ``train()``
+    re-kernelizes, which popped the instance-level forward the old patch installed (a model built with
+    ``from_config`` kept it, so the model tests did not see it). Without the patch on the call path the spy sees
+    no call and, on the CPU, HF's own kernel refuses packed input (or leaks across sequences without the check)."""
+    import torch
+
+    from verl.models.tiny import build_tiny_model
+    from verl.models.transformers.packed_forward import forward_packed
+    from verl.models.transformers.patch_registry import get_patch_status
+    from verl.utils.fsdp_utils import create_device_mesh
+    from verl.utils.packing import pack_padded_batch
+    from verl.workers.config import FSDPOptimizerConfig, HFModelConfig
+
+    path = tmp_path / "tiny_moe"
+    build_tiny_model("qwen3_5_moe", vocab_size=128).save_pretrained(path)
+    built = build_fsdp_model(
+        HFModelConfig(path=str(path), enable_gradient_checkpointing=True),
+        FSDPEngineConfig(strategy=strategy, mixed_precision={"param_dtype": "fp32"}),
+        strategy=strategy,
+        mesh=create_device_mesh(1, -1),
+        optim_config=FSDPOptimizerConfig(lr=1e-3),
+    )
+    status = get_patch_status(built.module.module if strategy == "fsdp" else built.module)["qwen3_5-varlen-gdn"]
+    assert status.state == "applied" and status.probed
+    seen = _gdn_kernel_spy(monkeypatch)
+    built.module.train()
+    lengths = (6, 3, 7)
+    ids = torch.randint(1, 100, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(7)[None] < torch.tensor(lengths)[:, None]).long()
+    packed = pack_padded_batch(ids, mask)
+    logits = forward_packed(built.module, packed)
+    logits.float().pow(2).mean().backward()  # the backward recomputes the checkpointed layers
+    layers = sum(t == "linear_attention" for t in built.hf_config.get_text_config().layer_types)
+    assert seen and seen == [[0, 6, 9, 16]] * len(seen) and len(seen) >= 2 * layers  # forward + recomputation
+    with torch.no_grad():
+        packed_logits = forward_packed(built.module, packed)[0]
+        for row, (start, length) in enumerate(zip((0, 6, 9), lengths)):
+            alone = forward_packed(
+                built.module, pack_padded_batch(ids[row : row + 1, :length], mask[row : row + 1, :length])
+            )
+            torch.testing.assert_close(packed_logits[start : start + length], alone[0], atol=1e-5, rtol=0)

@@ -1,7 +1,8 @@
 """Ascend fused-kernel patches (field-report item 7), one registry entry per kernel, applied to model instances.
 
 Every patch here is optional (a speed-up): it changes the ``forward`` of the matching module *instances* of the
-model being built — never a class, never at import time — and raises :class:`PatchSkipped` when its target
+model being built (:func:`verl.models.transformers.instance_patch.set_forward`) — never a class for everyone,
+never at import time — and raises :class:`PatchSkipped` when its target
 class is missing from the installed transformers, the model has no such module, or ``torch_npu`` lacks the op.
 The registry (``patch_registry.apply_patches(model, platform="npu")``) applies each in isolation and prints one
 line per patch.
@@ -26,13 +27,16 @@ The attention-level patches (rotary, attention) must change a *module-global* fu
 transformers' attention ``forward`` looks up. Instead of patching that global, each attention instance gets a
 copy of its class's ``forward`` whose globals map the name to the NPU version (:func:`rebind_forward_globals`):
 the exact installed forward code runs, only for that instance.
+
+The replacement forwards look ``torch_npu`` up when they run (it is loaded once per process) instead of holding
+it, so a patched model can be deep-copied and pickled. Each reports to the start-up probe
+(:mod:`verl.models.transformers.patch_probe`) under its patch name.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +46,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from verl.models.transformers.forward_globals import WrappedAttentionFunctions, innermost, rebind_forward_globals
+from verl.models.transformers.instance_patch import original_class, set_forward
+from verl.models.transformers.patch_probe import record_call
 from verl.models.transformers.patch_registry import ModelPatch, PatchSkipped, register_patch
 from verl.models.transformers.varlen_attention import VARLEN_ATTENTION_ATTR
 from verl.utils.platform.npu import import_torch_npu
@@ -98,6 +104,14 @@ FAMILIES: dict[str, Family] = {
 # ---- shared helpers ------------------------------------------------------------------------------------------------
 
 
+def _npu() -> Any:
+    """The loaded torch_npu, for a patched forward (the patch checked at apply time that it imports)."""
+    module, error = import_torch_npu()
+    if module is None:
+        raise RuntimeError(f"an NPU-patched module runs but torch_npu no longer imports ({error})")
+    return module
+
+
 def _torch_npu(*ops: str) -> Any:
     module, error = import_torch_npu()
     if module is None:
@@ -138,8 +152,9 @@ def _classes(family: Family, names: Iterable[str]) -> tuple[type, ...]:
 
 
 def _instances(model: nn.Module, classes: tuple[type, ...], patch: str) -> list[nn.Module]:
-    """Modules of exactly these classes not yet patched by ``patch``; PatchSkipped when the model has none."""
-    found = [m for m in model.modules() if type(m) in classes]
+    """Modules of exactly these classes (before any patch gave them a forward of their own) not yet patched by
+    ``patch``; PatchSkipped when the model has none."""
+    found = [m for m in model.modules() if original_class(m) in classes]
     if not found:
         raise PatchSkipped(f"the model has no {'/'.join(c.__name__ for c in classes)} module")
     return [m for m in found if patch not in getattr(m, _PATCHED_ATTR, ())]
@@ -149,21 +164,19 @@ def _mark(module: nn.Module, patch: str) -> None:
     object.__setattr__(module, _PATCHED_ATTR, (*getattr(module, _PATCHED_ATTR, ()), patch))
 
 
-def _bind(module: nn.Module, fn: Callable, **extra: Any) -> None:
-    """``module.forward = fn(module, *args, **extra, **kwargs)`` on this instance only."""
-    module.forward = types.MethodType(functools.partial(fn, **extra) if extra else fn, module)
-
-
 # ---- RMSNorm ------------------------------------------------------------------------------------------------------
 
 
-def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor, *, torch_npu: Any) -> torch.Tensor:
+def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """y = x·rstd·w (x's dtype), as Llama/Qwen RMSNorm when weight and input share a dtype."""
-    return torch_npu.npu_rms_norm(hidden_states.contiguous(), self.weight, epsilon=self.variance_epsilon)[0]
+    record_call("npu-rms-norm")
+    return _npu().npu_rms_norm(hidden_states.contiguous(), self.weight, epsilon=self.variance_epsilon)[0]
 
 
-def _zero_centred_norm_forward(self: nn.Module, x: torch.Tensor, *, torch_npu: Any) -> torch.Tensor:
+def _zero_centred_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Qwen3.5: y = (x·rstd·(1 + w)) computed in fp32, cast to x's dtype (docs/qwen3_5.md, "Norms")."""
+    record_call("npu-rms-norm")
+    torch_npu = _npu()
     x = x.contiguous()
     if hasattr(torch_npu, "npu_gemma_rms_norm"):
         return torch_npu.npu_gemma_rms_norm(x, self.weight, epsilon=self.eps)[0]
@@ -171,9 +184,10 @@ def _zero_centred_norm_forward(self: nn.Module, x: torch.Tensor, *, torch_npu: A
     return torch_npu.npu_rms_norm(x, (1.0 + self.weight.float()).to(x.dtype), epsilon=self.eps)[0]
 
 
-def _gated_norm_forward(self: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor, *, torch_npu: Any):
+def _gated_norm_forward(self: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor):
     """Qwen3.5 GDN output norm: (w·norm(x)) · silu(gate) in fp32, cast to x's dtype."""
-    normed = torch_npu.npu_rms_norm(hidden_states.contiguous(), self.weight, epsilon=self.variance_epsilon)[0]
+    record_call("npu-rms-norm")
+    normed = _npu().npu_rms_norm(hidden_states.contiguous(), self.weight, epsilon=self.variance_epsilon)[0]
     return (normed.float() * F.silu(gate.float())).to(hidden_states.dtype)
 
 
@@ -186,7 +200,7 @@ _NORM_ROLES = (
 
 def apply_npu_rms_norm(model: nn.Module) -> None:
     """Each norm role of the family is patched on its own: a role whose class is missing is left unpatched."""
-    torch_npu = _torch_npu("npu_rms_norm")
+    _torch_npu("npu_rms_norm")
     family = _family(model)
     reasons, patched = [], 0
     for role, forward, eps_attr in _NORM_ROLES:
@@ -203,7 +217,7 @@ def apply_npu_rms_norm(model: nn.Module) -> None:
                 raise PatchSkipped(
                     f"{type(module).__name__} has no {eps_attr!r}; its forward changed in this transformers"
                 )
-            _bind(module, forward, torch_npu=torch_npu)
+            set_forward(module, forward)
             _mark(module, "npu-rms-norm")
             patched += 1
     if patched == 0 and reasons:
@@ -213,9 +227,11 @@ def apply_npu_rms_norm(model: nn.Module) -> None:
 # ---- rotary embedding ---------------------------------------------------------------------------------------------
 
 
-def _npu_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, torch_npu: Any):
+def _npu_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     """HF ``apply_rotary_pos_emb`` through ``npu_rotary_mul`` (rotate-half); the dims past cos's last dim (partial
     rotary, Qwen3.5) pass through unchanged. q/k (B, N, S, D), cos/sin (B, S, D_rot)."""
+    record_call("npu-rotary-mul")
+    torch_npu = _npu()
     cos = cos.unsqueeze(unsqueeze_dim).contiguous()
     sin = sin.unsqueeze(unsqueeze_dim).contiguous()
     rotary_dim = cos.shape[-1]
@@ -230,21 +246,21 @@ def _npu_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, torch_npu: Any
 
 
 def apply_npu_rotary_mul(model: nn.Module) -> None:
-    torch_npu = _torch_npu("npu_rotary_mul")
+    _torch_npu("npu_rotary_mul")
     family = _family(model)
-    rope = functools.partial(_npu_apply_rotary_pos_emb, torch_npu=torch_npu)
     for module in _instances(model, _classes(family, family.attention), "npu-rotary-mul"):
-        rebind_forward_globals(module, apply_rotary_pos_emb=rope)
+        rebind_forward_globals(module, apply_rotary_pos_emb=_npu_apply_rotary_pos_emb)
         _mark(module, "npu-rotary-mul")
 
 
 # ---- SwiGLU --------------------------------------------------------------------------------------------------------
 
 
-def _swiglu_forward(self: nn.Module, x: torch.Tensor, *, torch_npu: Any) -> torch.Tensor:
+def _swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """down(silu(gate(x)) · up(x)) with the product fused: npu_swiglu(cat(gate(x), up(x)))."""
+    record_call("npu-swiglu")
     fused = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
-    return self.down_proj(torch_npu.npu_swiglu(fused, dim=-1))
+    return self.down_proj(_npu().npu_swiglu(fused, dim=-1))
 
 
 def _is_silu(act: Any) -> bool:
@@ -252,13 +268,13 @@ def _is_silu(act: Any) -> bool:
 
 
 def apply_npu_swiglu(model: nn.Module) -> None:
-    torch_npu = _torch_npu("npu_swiglu")
+    _torch_npu("npu_swiglu")
     family = _family(model)
     modules = _instances(model, _classes(family, family.mlp), "npu-swiglu")
     if any(not _is_silu(getattr(m, "act_fn", None)) for m in modules):
         raise PatchSkipped("hidden_act is not silu; npu_swiglu would change the activation")
     for module in modules:
-        _bind(module, _swiglu_forward, torch_npu=torch_npu)
+        set_forward(module, _swiglu_forward)
         _mark(module, "npu-swiglu")
 
 
@@ -273,7 +289,6 @@ def _npu_varlen_attention(
     attention_mask: torch.Tensor | None,
     *,
     fallback: Callable,
-    state: _AttentionState,
     dropout: float = 0.0,
     scaling: float | None = None,
     **kwargs: Any,
@@ -289,14 +304,15 @@ def _npu_varlen_attention(
     if cu_q is None or query.shape[0] != 1 or unsupported:
         return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     cu_k = kwargs.get("cu_seq_lens_k", cu_q)
+    record_call("npu-fusion-attention")
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # (T, N, D)
-    out = state.torch_npu.npu_fusion_attention(
+    out = _npu().npu_fusion_attention(
         q,
         k,
         v,
         q.shape[1],
         "TND",
-        atten_mask=state.causal_mask(q.device),
+        atten_mask=_causal_mask(q.device),
         scale=scaling if scaling is not None else q.shape[-1] ** -0.5,
         keep_prob=1.0 - dropout,
         sparse_mode=3,
@@ -306,37 +322,32 @@ def _npu_varlen_attention(
     return out.unsqueeze(0), None
 
 
-class _AttentionState:
-    """The torch_npu module and the per-device compressed causal mask (built once per device)."""
+_CAUSAL_MASKS: dict[torch.device, torch.Tensor] = {}  # the compressed causal mask, built once per device
 
-    def __init__(self, torch_npu: Any):
-        self.torch_npu = torch_npu
-        self._masks: dict[torch.device, torch.Tensor] = {}
 
-    def causal_mask(self, device: torch.device) -> torch.Tensor:
-        if device not in self._masks:
-            ones = torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=device)
-            self._masks[device] = torch.triu(ones, diagonal=1)  # True = masked out (NPU convention)
-        return self._masks[device]
+def _causal_mask(device: torch.device) -> torch.Tensor:
+    if device not in _CAUSAL_MASKS:
+        ones = torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=device)
+        _CAUSAL_MASKS[device] = torch.triu(ones, diagonal=1)  # True = masked out (NPU convention)
+    return _CAUSAL_MASKS[device]
+
+
+def _npu_attention_wrap(fn: Callable, _name: str = "") -> Callable:
+    return functools.partial(_npu_varlen_attention, fallback=fn)
 
 
 def apply_npu_fusion_attention(model: nn.Module) -> None:
-    torch_npu = _torch_npu("npu_fusion_attention")
+    _torch_npu("npu_fusion_attention")
     family = _family(model)
-    state = _AttentionState(torch_npu)
-
-    def wrap(fn: Callable) -> Callable:
-        return functools.partial(_npu_varlen_attention, fallback=fn, state=state)
-
     for module in _instances(model, _classes(family, family.attention), "npu-fusion-attention"):
-        forward_globals = innermost(type(module).forward).__globals__
-        registry = forward_globals.get("ALL_ATTENTION_FUNCTIONS")
+        forward = innermost(original_class(module).forward)
+        registry = forward.__globals__.get("ALL_ATTENTION_FUNCTIONS")
         if registry is None:
             raise PatchSkipped(f"{type(module).__name__}.forward does not use ALL_ATTENTION_FUNCTIONS")
-        replacements = {"ALL_ATTENTION_FUNCTIONS": WrappedAttentionFunctions(registry, wrap)}
-        eager = forward_globals.get("eager_attention_forward")
-        if eager is not None and "eager_attention_forward" in innermost(type(module).forward).__code__.co_names:
-            replacements["eager_attention_forward"] = wrap(eager)
+        replacements = {"ALL_ATTENTION_FUNCTIONS": WrappedAttentionFunctions(registry, _npu_attention_wrap)}
+        eager = forward.__globals__.get("eager_attention_forward")
+        if eager is not None and "eager_attention_forward" in forward.__code__.co_names:
+            replacements["eager_attention_forward"] = _npu_attention_wrap(eager)
         rebind_forward_globals(module, **replacements)
         _mark(module, "npu-fusion-attention")
         if not getattr(module, "sliding_window", None) and getattr(module, "is_causal", True):
@@ -381,8 +392,6 @@ def _grouped_experts_forward(
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
-    *,
-    torch_npu: Any,
 ) -> torch.Tensor:
     """HF experts (gate_up_proj (E, 2I, H), down_proj (E, H, I)) with two grouped GEMMs.
 
@@ -390,6 +399,8 @@ def _grouped_experts_forward(
     expert, rows are sorted by expert (stable), ``swiglu`` joins the two halves of gate_up, and the weighted expert
     outputs are summed back per token.
     """
+    record_call("npu-grouped-matmul-moe")
+    torch_npu = _npu()
     num_slots = top_k_index.shape[1]
     flat_expert = top_k_index.reshape(-1)
     order = torch.argsort(flat_expert, stable=True)
@@ -416,7 +427,7 @@ def _check_expert_layout(module: nn.Module) -> None:
 
 
 def apply_npu_grouped_matmul_moe(model: nn.Module) -> None:
-    torch_npu = _torch_npu("npu_grouped_matmul", "npu_swiglu")
+    _torch_npu("npu_grouped_matmul", "npu_swiglu")
     family = _family(model)
     if not family.experts:
         raise PatchSkipped(f"model family {family.module!r} has no routed experts")
@@ -424,7 +435,7 @@ def apply_npu_grouped_matmul_moe(model: nn.Module) -> None:
     for module in modules:
         _check_expert_layout(module)
     for module in modules:
-        _bind(module, _grouped_experts_forward, torch_npu=torch_npu)
+        set_forward(module, _grouped_experts_forward)
         _mark(module, "npu-grouped-matmul-moe")
 
 
@@ -441,6 +452,7 @@ def _patch(name: str, apply: Callable[[nn.Module], None], families: tuple[str, .
             required=False,
             transformers=SUPPORTED_TRANSFORMERS,
             description=description,
+            probe_key=name,
         )
     )
 

@@ -4,9 +4,17 @@ Background: docs/qwen3_5.md, "Gated DeltaNet" and "Packing pitfalls".
 
 HF's Gated DeltaNet (GDN) layers let the causal conv window and the recurrent state run from one packed sequence
 into the next, in every transformers version (5.2-5.8 cannot even receive boundaries; later versions need fla and
-causal-conv1d). The patch here replaces, on each GDN *instance* of the model being built, ``forward`` with one that
-runs :func:`verl.ops.causal_conv1d` and :func:`verl.ops.chunk_gated_delta_rule` with ``cu_seqlens``: zero conv
-context and a zero state at every boundary (fla kernels on CUDA/NPU, the exact chunked torch kernel on CPU).
+causal-conv1d). The patch here gives each GDN *instance* of the model being built a forward of its own
+(:func:`verl.models.transformers.instance_patch.set_forward`: a per-instance subclass, which the hub-kernel
+re-dispatch of transformers >= 5.25 cannot undo) that runs :func:`verl.ops.causal_conv1d` and
+:func:`verl.ops.chunk_gated_delta_rule` with ``cu_seqlens``: zero conv context and a zero state at every boundary
+(fla kernels on CUDA/NPU, the exact chunked torch kernel on CPU). Each call reports to the start-up probe
+(:mod:`verl.models.transformers.patch_probe`) whether it received the boundaries.
+
+Does the project still need its own patch where transformers >= 5.15 threads ``cu_seq_lens_q`` / ``seq_idx`` to
+fla and causal-conv1d itself (docs/qwen3_5.md, "transformers 5.25: the hub-kernel layer")? Yes: HF's conv keeps sequences apart only with
+the CUDA-only ``causal-conv1d`` package (on Ascend, and on the CPU, it refuses ``seq_idx`` or leaks), 5.4-5.14
+cannot pass boundaries at all, and Ulysses SP needs the head-split layer below.
 
 How ``cu_seqlens`` reaches every GDN layer (a design choice, explained):
 
@@ -39,7 +47,6 @@ training forward would otherwise create a cache, which disables HF's packed-mask
 from __future__ import annotations
 
 import functools
-import types
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +55,9 @@ import torch.nn.functional as F
 
 from verl.models.registry import QWEN3_5_MODEL_TYPES, QWEN3_5_TRANSFORMERS
 from verl.models.transformers import qwen3_5_vision  # noqa: F401  (registers the vision patch-embedding patch)
+from verl.models.transformers.instance_patch import call_original_forward, set_forward
 from verl.models.transformers.packed_forward import PACKED_CU_SEQLENS_KWARG, VARLEN_PATCHED_ATTR
+from verl.models.transformers.patch_probe import record_call
 from verl.models.transformers.patch_registry import ModelPatch, PatchSkipped, register_patch
 from verl.models.transformers.ulysses import ULYSSES_KWARG, ULYSSES_MIXER_ATTR, UlyssesContext
 from verl.ops import causal_conv1d, chunk_gated_delta_rule
@@ -59,7 +68,7 @@ __all__ = ["apply_varlen_gdn", "VARLEN_GDN_PATCH"]
 _BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "position_ids")
 _STASH_ATTR = "_verl_layer_cu_seqlens"
 _STASH_SP_ATTR = "_verl_layer_ulysses"
-_ORIGINAL_FORWARD_ATTR = "_verl_original_forward"
+PROBE_KEY = "qwen3_5-varlen-gdn"
 
 
 def _is_gdn(module: nn.Module) -> bool:
@@ -205,7 +214,7 @@ def _gdn_mixer(module: nn.Module, hidden_states: torch.Tensor, cu_seqlens: torch
 
 
 def _varlen_gdn_forward(self, hidden_states, cache=None, attention_mask=None, *, cache_params=None, **kwargs):
-    """Replacement ``forward`` bound to one GDN instance; accepts the 5.4 (``cache_params``) and 5.9+ (``cache``)
+    """The forward of one patched GDN instance; accepts the 5.4 (``cache_params``) and 5.9+ (``cache``)
     signatures. With a cache (generation) it defers to HF's own forward, which handles the recurrent cache; with a
     Ulysses context (``verl_ulysses``, SP > 1) it runs the sequence-parallel mixer."""
     cu_seqlens = kwargs.pop(PACKED_CU_SEQLENS_KWARG, None)
@@ -225,11 +234,13 @@ def _varlen_gdn_forward(self, hidden_states, cache=None, attention_mask=None, *,
             )
         for name in _BOUNDARY_KWARGS:
             kwargs.pop(name, None)
-        return getattr(self, _ORIGINAL_FORWARD_ATTR)(hidden_states, cache, attention_mask=attention_mask, **kwargs)
+        return call_original_forward(self, hidden_states, cache, attention_mask=attention_mask, **kwargs)
     if (cu_seqlens is not None or ulysses is not None) and attention_mask is not None:
         raise ValueError("Qwen3.5 GatedDeltaNet: packed input must come with attention_mask=None (forward_packed)")
     if ulysses is not None and ulysses.world_size > 1:
+        record_call(PROBE_KEY, ok=ulysses.cu_seqlens is not None, why="without the packed boundaries")
         return _gdn_mixer_ulysses(self, hidden_states, ulysses)
+    record_call(PROBE_KEY, ok=cu_seqlens is not None, why="without the packed boundaries (no cu_seqlens reached it)")
     return _gdn_mixer(self, _apply_padding_mask(hidden_states, attention_mask), cu_seqlens)
 
 
@@ -246,8 +257,7 @@ def _stash_clear_hook(layer: nn.Module, args, output):
 def _patch_gdn_instance(gdn: nn.Module, backend: str) -> None:
     if getattr(gdn, VARLEN_PATCHED_ATTR, False):
         return
-    object.__setattr__(gdn, _ORIGINAL_FORWARD_ATTR, gdn.forward)
-    gdn.forward = types.MethodType(_varlen_gdn_forward, gdn)
+    set_forward(gdn, _varlen_gdn_forward)
     object.__setattr__(gdn, "_verl_kernel_backend", backend)
     object.__setattr__(gdn, _STASH_ATTR, None)
     object.__setattr__(gdn, _STASH_SP_ATTR, None)
@@ -324,5 +334,6 @@ VARLEN_GDN_PATCH = register_patch(
         required=True,
         transformers=QWEN3_5_TRANSFORMERS,
         description="GatedDeltaNet conv + recurrence reset at every cu_seqlens boundary (packed training is exact)",
+        probe_key=PROBE_KEY,
     )
 )

@@ -14,20 +14,21 @@ untouched (same parameter, same checkpoint layout); only the forward changes.
 
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from packaging.version import Version
 
 from verl.models.registry import QWEN3_5_MODEL_TYPES, QWEN3_5_TRANSFORMERS
+from verl.models.transformers.instance_patch import set_forward
+from verl.models.transformers.patch_probe import record_call
 from verl.models.transformers.patch_registry import ModelPatch, PatchSkipped, register_patch
 
 __all__ = ["MIN_CANN_FOR_CONV3D", "matmul_patch_embed", "use_matmul_patch_embed", "VISION_PATCH_EMBED_PATCH"]
 
 MIN_CANN_FOR_CONV3D = Version("8.5.1")
 _PATCHED_ATTR = "_verl_matmul_patch_embed"
+_PROBE_KEY = "qwen3_5-vision-patch-embed-matmul"
 
 
 def matmul_patch_embed(patches: torch.Tensor, proj: nn.Conv3d) -> torch.Tensor:
@@ -39,6 +40,7 @@ def matmul_patch_embed(patches: torch.Tensor, proj: nn.Conv3d) -> torch.Tensor:
 
 
 def _matmul_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    record_call(_PROBE_KEY)
     return matmul_patch_embed(hidden_states, self.proj)
 
 
@@ -65,7 +67,7 @@ def use_matmul_patch_embed(model: nn.Module) -> int:
             continue
         _check_is_linear(name, proj)
         if not getattr(module, _PATCHED_ATTR, False):
-            module.forward = types.MethodType(_matmul_forward, module)
+            set_forward(module, _matmul_forward)
             object.__setattr__(module, _PATCHED_ATTR, True)
         count += 1
     return count
@@ -91,5 +93,6 @@ VISION_PATCH_EMBED_PATCH = register_patch(
         required=True,
         transformers=QWEN3_5_TRANSFORMERS,
         description=f"vision Conv3d patch embedding as an exact matmul (CANN older than {MIN_CANN_FOR_CONV3D} or unknown)",
+        probe_key=_PROBE_KEY,
     )
 )

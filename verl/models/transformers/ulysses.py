@@ -33,7 +33,13 @@ import torch
 import torch.nn as nn
 from torch.distributed import ProcessGroup
 
-from verl.models.transformers.forward_globals import FORWARD_GLOBALS_ATTR, innermost, rebind_forward_globals
+from verl.models.transformers.forward_globals import (
+    FORWARD_GLOBALS_ATTR,
+    WrappedAttentionFunctions,
+    innermost,
+    rebind_forward_globals,
+)
+from verl.models.transformers.instance_patch import original_class
 from verl.models.transformers.varlen_attention import VARLEN_ATTENTION_ATTR
 from verl.utils.packing import seq_idx_from_cu_seqlens
 from verl.utils.ulysses import UlyssesShard, gather_heads_scatter_seq, gather_seq_scatter_heads
@@ -180,22 +186,10 @@ def ulysses_attention(
     return gather_heads_scatter_seq(out, head_dim=2, seq_dim=1, group=ctx.group), None
 
 
-class _UlyssesAttentionFunctions:
-    """Stands in for ``ALL_ATTENTION_FUNCTIONS`` inside one attention forward: every lookup returns
-    :func:`ulysses_attention` around what the wrapped registry (HF's, or an NPU replacement) returns."""
-
-    def __init__(self, registry: Any):
-        self._registry = registry
-
-    def get_interface(self, name: str, default: Callable) -> Callable:
-        inner = self._registry.get_interface(name, default)
-        return functools.partial(ulysses_attention, inner=inner, implementation=name)
-
-    def __getitem__(self, name: str) -> Callable:
-        return functools.partial(ulysses_attention, inner=self._registry[name], implementation=name)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._registry, name)
+def _ulysses_wrap(inner: Callable, implementation: str) -> Callable:
+    """What ``ALL_ATTENTION_FUNCTIONS`` returns inside a wrapped attention forward: :func:`ulysses_attention` around
+    what the wrapped registry (HF's, or an NPU / varlen replacement) returns."""
+    return functools.partial(ulysses_attention, inner=inner, implementation=implementation)
 
 
 def _unwrap_fsdp1(module: nn.Module) -> nn.Module:
@@ -241,7 +235,7 @@ def apply_ulysses_attention(model: nn.Module) -> int:
     count = 0
     for name, module in _attention_modules(model):
         if not getattr(module, _ATTENTION_ATTR, False):
-            forward = innermost(type(module).forward)
+            forward = innermost(original_class(module).forward)
             if "ALL_ATTENTION_FUNCTIONS" not in forward.__code__.co_names:
                 raise ValueError(
                     f"{type(module).__name__} ({name}) does not dispatch through ALL_ATTENTION_FUNCTIONS in this "
@@ -249,7 +243,7 @@ def apply_ulysses_attention(model: nn.Module) -> int:
                 )
             current = getattr(module, FORWARD_GLOBALS_ATTR, {}).get("ALL_ATTENTION_FUNCTIONS")
             current = current if current is not None else forward.__globals__["ALL_ATTENTION_FUNCTIONS"]
-            rebind_forward_globals(module, ALL_ATTENTION_FUNCTIONS=_UlyssesAttentionFunctions(current))
+            rebind_forward_globals(module, ALL_ATTENTION_FUNCTIONS=WrappedAttentionFunctions(current, _ulysses_wrap))
             object.__setattr__(module, _ATTENTION_ATTR, True)
         count += 1
     return count

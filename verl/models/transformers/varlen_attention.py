@@ -34,14 +34,23 @@ from verl.models.transformers.forward_globals import (
     innermost,
     rebind_forward_globals,
 )
+from verl.models.transformers.instance_patch import original_class
+from verl.models.transformers.patch_probe import record_call
 from verl.models.transformers.patch_registry import PatchSkipped
 from verl.ops.varlen_attention import varlen_causal_attention
 
-__all__ = ["VARLEN_ATTENTION_ATTR", "apply_varlen_attention", "lean_varlen_attention", "packed_mask_mapping"]
+__all__ = [
+    "PROBE_KEY",
+    "VARLEN_ATTENTION_ATTR",
+    "apply_varlen_attention",
+    "lean_varlen_attention",
+    "packed_mask_mapping",
+]
 
 # Set on an attention instance whose attention function runs packed input from cu_seq_lens_q alone (no mask needed).
 VARLEN_ATTENTION_ATTR = "_verl_varlen_attention"
 _MAPPING_ATTR = "_verl_accepts_mask_mapping"
+PROBE_KEY = "varlen-attention"  # what the segment kernel reports to the start-up probe
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 # Layer types whose mask is either the causal one this attention replaces or the recurrent one that is None anyway.
 _MASK_FREE_LAYER_TYPES = {"full_attention", "linear_attention"}
@@ -68,6 +77,7 @@ def lean_varlen_attention(
     cu_k = kwargs.get("cu_seq_lens_k", cu_q)
     if not _runs_packed(module, query, key, cu_q, cu_k, dropout, kwargs):
         return inner(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    record_call(PROBE_KEY)
     out = varlen_causal_attention(query[0], key[0], value[0], cu_q, scale=scaling, long_segments=long_segments)
     return out.transpose(0, 1).unsqueeze(0).contiguous(), None
 
@@ -98,7 +108,9 @@ def _accepts_mask_mapping(model: nn.Module) -> bool:
     answer is kept on the model: the forward code of its classes does not change)."""
     cached = getattr(model, _MAPPING_ATTR, None)
     if cached is None:
-        cached = any("causal_mask_mapping" in innermost(type(m).forward).__code__.co_varnames for m in model.modules())
+        cached = any(
+            "causal_mask_mapping" in innermost(original_class(m).forward).__code__.co_varnames for m in model.modules()
+        )
         object.__setattr__(model, _MAPPING_ATTR, cached)
     return cached
 
@@ -122,16 +134,16 @@ def apply_varlen_attention(model: nn.Module, *, long_segments: str) -> None:
     for module in modules:
         current = getattr(module, FORWARD_GLOBALS_ATTR, {}).get("ALL_ATTENTION_FUNCTIONS")
         if current is None:
-            current = innermost(type(module).forward).__globals__.get("ALL_ATTENTION_FUNCTIONS")
+            current = innermost(original_class(module).forward).__globals__.get("ALL_ATTENTION_FUNCTIONS")
         if current is None:
             raise PatchSkipped(f"{type(module).__name__}.forward does not use ALL_ATTENTION_FUNCTIONS")
-        rebind_forward_globals(
-            module,
-            ALL_ATTENTION_FUNCTIONS=WrappedAttentionFunctions(
-                current, lambda fn: functools.partial(lean_varlen_attention, inner=fn, long_segments=long_segments)
-            ),
-        )
+        wrap = functools.partial(_lean_wrap, long_segments=long_segments)
+        rebind_forward_globals(module, ALL_ATTENTION_FUNCTIONS=WrappedAttentionFunctions(current, wrap))
         object.__setattr__(module, VARLEN_ATTENTION_ATTR, True)
+
+
+def _lean_wrap(inner: Callable, _name: str, *, long_segments: str) -> Callable:
+    return functools.partial(lean_varlen_attention, inner=inner, long_segments=long_segments)
 
 
 def packed_mask_mapping(model: nn.Module) -> dict[str, None] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from verl.models.transformers.patch_registry import ModelPatch, register_patch
-from verl.models.transformers.varlen_attention import MODEL_TYPES, apply_varlen_attention
+from verl.models.transformers.varlen_attention import MODEL_TYPES, PROBE_KEY, apply_varlen_attention
 from verl.utils.platform.registry import PlatformRegistry
 
 
@@ -25,6 +25,7 @@ def _register_platform_patches() -> None:
                 platforms=(platform_name,),
                 apply=functools.partial(apply_varlen_attention, long_segments=strategy),
                 description=f"packed sdpa/eager attention per cu_seqlens segment, no T x T mask (long: {strategy})",
+                probe_key=PROBE_KEY,
             )
         )
 

@@ -3,9 +3,14 @@
 One recipe for every role and both worker paths::
 
     HF config (+ model.override_config, attention implementation)  ->  from_pretrained in fsdp_config.model_dtype
-      -> [value model: LM head -> Linear(hidden, 1)]  ->  model patches (registry; rank 0 prints the report)
+      -> [value model: LM head -> Linear(hidden, 1)]  ->  model patches (registry)
       -> [training: gradient checkpointing]  ->  FSDP1/FSDP2 wrap (adapter chosen by `strategy`)
-      -> [training: activation offload]  ->  optimizer + lr schedule
+      -> [training: activation offload]  ->  patch probe on the device (rank 0 prints the report)
+      -> optimizer + lr schedule
+
+The patch probe runs a tiny packed batch through the wrapped model, in train and eval mode, and stops the build when
+a required patch's code is not on the call path (verl.models.transformers.patch_probe): a transformers release that
+routes around a patch fails here, on every rank, before the first step.
 
 Every rank loads the same weights from disk and shards them while wrapping (no broadcast: FSDP1 cannot
 broadcast CPU parameters, docs/cpu_notes.md "FSDP on the CPU"); the value head is seeded so it is identical on
@@ -25,7 +30,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from verl.models.transformers.patch_registry import apply_patches
+from verl.models.transformers.patch_registry import apply_patches, probe_patches
 from verl.utils.activation_offload import enable_activation_offloading
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import get_fsdp_adapter, mixed_precision_dtypes, to_torch_dtype
@@ -38,6 +43,7 @@ from verl.utils.model import (
     untie_word_embeddings,
 )
 from verl.utils.model import freeze_vision_tower as _freeze_vision_tower  # the parameter below has the plain name
+from verl.utils.platform import get_platform
 from verl.workers.core.optimizer_step import build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -110,7 +116,7 @@ def build_fsdp_model(
     adapter = get_fsdp_adapter(strategy, f"{role}.strategy")
     adapter.check_options(fsdp_config, f"{role}.model.fsdp_config" if value_head else f"{role}.fsdp_config")
     model, hf_config = _load_hf_model(model_config, fsdp_config, value_head)
-    apply_patches(model, platform=get_device_name(), report=_rank() == 0)
+    apply_patches(model, platform=get_device_name(), report=False, probe=False)
     if _rank() == 0:
         print_model_size(model, f"{role} model")
     training = not forward_only
@@ -139,6 +145,8 @@ def build_fsdp_model(
         logger.info("%s FSDP layout: %s", role, adapter.describe(module))
     if training and model_config.enable_activation_offload:
         enable_activation_offloading(module, strategy, model_config.enable_gradient_checkpointing)
+    probe_patches(module, device=get_platform().device(), report=_rank() == 0, platform=get_device_name())
+    adapter.reshard(module)  # the probe ran forwards without backward: shards back before the optimizer sees them
     built = FSDPModel(module=module, hf_config=hf_config)
     if optim_config is not None and training:
         built.optimizer = build_optimizer(module.parameters(), optim_config)
